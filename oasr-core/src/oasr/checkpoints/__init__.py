@@ -1,0 +1,1 @@
+"""Checkpoint conversion and OASR's native bundle format."""

@@ -1,0 +1,102 @@
+"""The ``oasr`` command line: ``models``, ``plugins``, ``convert``, ``transcribe``, ``serve``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable
+
+# subcommand → (module, help); each module has add_arguments(parser) and run(args) -> int
+COMMANDS: dict[str, tuple[str, str]] = {
+    "transcribe": ("oasr.transcribe_cli", "transcribe audio files with a model"),
+    "serve": ("oasr.serve.cli", "run the OpenAI-compatible HTTP/WebSocket server"),
+    "convert": ("oasr.checkpoints.convert", "convert a checkpoint to a native bundle"),
+    "models": ("oasr.cli", "list registered model architectures and aliases"),
+    "plugins": ("oasr.cli", "list plugins, what they registered and load errors"),
+}
+
+
+def run_guarded(fn: Callable[[], int]) -> int:
+    """Run a command, turning an OasrError into one clear line on stderr and exit status 2."""
+    from oasr.errors import OasrError
+
+    try:
+        return fn()
+    except OasrError as exc:
+        print(f"oasr: error: {exc}", file=sys.stderr)
+        return 2
+    except FileExistsError as exc:
+        print(f"oasr: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def models_command(args: argparse.Namespace) -> int:
+    from oasr import plugins
+    from oasr.models.registry import model_infos
+
+    rows = [(i.name, i.distribution, "yes" if i.converter else "no", i.description) for i in model_infos()]
+    print(_table(rows, ("architecture", "distribution", "converter", "description")))
+    aliases = list(plugins.registry("aliases"))
+    if aliases:
+        print()
+        print(_table([(a.name, a.distribution, a.meta.get("description", "")) for a in aliases],
+                     ("alias", "distribution", "description")))
+    return 0
+
+
+def plugins_command(args: argparse.Namespace) -> int:
+    from oasr import plugins
+
+    rows = []
+    for r in plugins.plugin_records():
+        registered = ", ".join(f"{kind[:-1]}:{name}" for kind, name in r.registered) or "-"
+        rows.append((r.name, r.distribution, r.version, r.group, registered, r.error or ""))
+    print(_table(rows, ("plugin", "distribution", "version", "group", "registered", "error")))
+    return 1 if args.strict and any(r.error for r in plugins.plugin_records()) else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from oasr import __version__
+
+    parser = argparse.ArgumentParser(prog="oasr", description="OASR: speech recognition inference and serving")
+    parser.add_argument("--version", action="version", version=f"oasr {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (module, help_text) in COMMANDS.items():
+        if name == "models":
+            p = sub.add_parser(name, help=help_text, description=help_text)
+            p.set_defaults(func=models_command)
+        elif name == "plugins":
+            p = sub.add_parser(name, help=help_text, description=help_text)
+            p.add_argument("--strict", action="store_true", help="exit 1 if any plugin failed to load")
+            p.set_defaults(func=plugins_command)
+        else:
+            try:
+                mod = importlib.import_module(module)
+            except ModuleNotFoundError as exc:  # a command whose module is not built yet
+                if not module.startswith(exc.name or "\0"):
+                    raise
+                continue
+            p = sub.add_parser(name, help=help_text, description=help_text)
+            mod.add_arguments(p)
+            p.set_defaults(func=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return run_guarded(lambda: args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""``from_pretrained`` / ``load_pretrained``: from a directory, alias or hub id to a ready model.
+
+Resolution precedence:
+
+1. a native bundle (``oasr_config.json``) loads directly, with no third-party framework;
+2. an explicit ``architecture=`` picks that converter, no sniffing;
+3. otherwise every converter's ``detect`` claim is ranked by specificity.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from oasr import plugins
+from oasr.errors import CheckpointFormatError, UnknownModelError
+from oasr.models.base import BaseAsrModel, BaseModelConfig
+from oasr.models.converter import CheckpointConverter, ConvertedCheckpoint
+from oasr.models.registry import converter_for, detect_architecture, model_class
+from oasr.models.specs import DecodingDefaults, FeatureSpec, LoadReport, TokenizerSpec
+
+NATIVE_CONFIG = "oasr_config.json"
+
+
+@attrs.define
+class LoadedModel:
+    """A model with everything that travels with its checkpoint."""
+
+    model: BaseAsrModel
+    architecture: str
+    config: BaseModelConfig
+    tokenizer_spec: TokenizerSpec
+    feature_spec: FeatureSpec
+    decoding_defaults: DecodingDefaults
+    load_report: LoadReport
+    source: Path
+    #: directory the tokenizer spec's relative file names are resolved against
+    tokenizer_root: Path
+    aux: dict[str, Any] = attrs.field(factory=dict)
+    quantization: dict[str, Any] | None = None
+
+
+def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+             "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float64": torch.float64}
+    try:
+        return names[str(dtype).lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(names)}") from None
+
+
+def resolve_source(id_or_path: str | os.PathLike) -> Path:
+    """A local directory for a path, a registered alias or a Hugging Face Hub id."""
+    text = os.fspath(id_or_path)
+    path = Path(text).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise CheckpointFormatError(f"{path} is a file; pass the checkpoint directory that contains it", path=path)
+        return path.resolve()
+    aliases = plugins.registry("aliases")
+    if text in aliases:
+        return Path(aliases.get(text).load()()).resolve()
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        raise CheckpointFormatError(
+            f"{text!r} is neither an existing directory, a registered alias "
+            f"({', '.join(aliases.names()) or 'none'}) nor a valid Hugging Face Hub id",
+            path=text,
+        ) from None
+    if "/" not in text:
+        raise CheckpointFormatError(
+            f"{text!r} is not a local directory or a registered alias "
+            f"({', '.join(aliases.names()) or 'none'}); hub ids have the form 'owner/name'",
+            path=text,
+        )
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id=text)).resolve()
+    except Exception as exc:
+        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+        hint = " (HF_HUB_OFFLINE is set and it is not in the local cache)" if offline else ""
+        raise CheckpointFormatError(f"cannot fetch hub model {text!r}{hint}: {exc}", path=text) from exc
+
+
+def account_for_load(report: LoadReport, converter: CheckpointConverter | None, source: Path,
+                     computed: tuple[str, ...] = ()) -> None:
+    """Apply the weight-load policy: declared-unused drops are silent, capability drops warn by
+    name, other drops warn, and any model tensor left unfilled is an error."""
+    unused_prefixes = converter.expected_unused_prefixes if converter else ()
+    hints = converter.capability_drop_hints if converter else {}
+    fired: dict[str, str] = {}
+    unexplained: list[str] = []
+    for key in report.dropped:
+        if key.startswith(tuple(unused_prefixes)):
+            continue
+        hit = next((p for p in hints if key.startswith(p)), None)
+        if hit is not None:
+            fired[hit] = hints[hit]
+        elif not key.endswith(computed):
+            unexplained.append(key)
+    for prefix, message in fired.items():
+        warnings.warn(f"{source}: checkpoint tensors under {prefix!r} were not loaded: {message}",
+                      RuntimeWarning, stacklevel=3)
+    if unexplained:
+        shown = ", ".join(unexplained[:8]) + (" ..." if len(unexplained) > 8 else "")
+        warnings.warn(f"{source}: {len(unexplained)} checkpoint tensor(s) were not used by the model: {shown}",
+                      RuntimeWarning, stacklevel=3)
+    if report.missing:
+        shown = ", ".join(report.missing[:12]) + (" ..." if len(report.missing) > 12 else "")
+        hint_text = "".join(f" Hint: {m}" for m in fired.values())
+        raise CheckpointFormatError(
+            f"{source}: {len(report.missing)} model tensor(s) were not filled by the checkpoint: {shown}. "
+            f"The model would run with them at their initial values.{hint_text}",
+            path=source,
+        )
+
+
+def finish_model(model: BaseAsrModel, *, device: str | torch.device = "cpu",
+                 dtype: str | torch.dtype | None = None) -> BaseAsrModel:
+    """eval mode, dtype cast on the host, then the device move (never a second copy on the device)."""
+    model.eval()
+    dtype = parse_dtype(dtype)
+    if dtype is not None:
+        model.to(dtype=dtype)
+    return model.to(device=torch.device(device))
+
+
+def materialize(converted: ConvertedCheckpoint, converter: CheckpointConverter | None, *,
+                device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None) -> LoadedModel:
+    cls = model_class(converted.architecture)
+    model = cls.from_config(converted.model_config)
+    report = model.load_weights(converted.state_dict)
+    source = converted.source or Path(".")
+    account_for_load(report, converter, source, cls.computed_buffer_suffixes)
+    finish_model(model, device=device, dtype=dtype)
+    return LoadedModel(
+        model=model,
+        architecture=converted.architecture,
+        config=converted.model_config,
+        tokenizer_spec=converted.tokenizer,
+        feature_spec=converted.features,
+        decoding_defaults=converted.decoding,
+        load_report=report,
+        source=source,
+        tokenizer_root=source,
+        aux=converted.aux,
+    )
+
+
+def convert_checkpoint(path: Path, architecture: str | None = None) -> tuple[ConvertedCheckpoint, CheckpointConverter]:
+    """Run the converter chosen by ``architecture=`` or by detection over a source directory."""
+    name = architecture or detect_architecture(path)
+    converter = converter_for(name)
+    converted = converter.convert(path)
+    if converted.architecture != name:
+        converted = attrs.evolve(converted, architecture=name)
+    return converted, converter
+
+
+def load_pretrained(id_or_path: str | os.PathLike, *, architecture: str | None = None,
+                    device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None) -> LoadedModel:
+    """Load a checkpoint with its tokenizer, feature and decoding specs and the load report."""
+    from oasr.checkpoints.native import is_native_bundle, load_native
+
+    path = resolve_source(id_or_path)
+    if is_native_bundle(path):
+        loaded = load_native(path, device=device, dtype=dtype)
+        if architecture is not None and architecture != loaded.architecture:
+            raise UnknownModelError(
+                f"{path} is a native bundle of architecture {loaded.architecture!r}, not {architecture!r}",
+                name=architecture,
+            )
+        return loaded
+    converted, converter = convert_checkpoint(path, architecture)
+    return materialize(converted, converter, device=device, dtype=dtype)
+
+
+def from_pretrained(id_or_path: str | os.PathLike, *, architecture: str | None = None,
+                    device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None) -> BaseAsrModel:
+    """Load a model from a directory, alias or hub id; ``model.config`` holds its config."""
+    return load_pretrained(id_or_path, architecture=architecture, device=device, dtype=dtype).model
