@@ -25,6 +25,11 @@ STREAMING_KINDS = ("paged", "slot", "stateful", "none")
 class BaseModelConfig:
     """Base of every model config (shape and topology only; no paths, no runtime knobs)."""
 
+    @classmethod
+    def tiny(cls) -> BaseModelConfig:
+        """A tiny instance of this architecture for contract tests (every architecture must have one)."""
+        raise NotImplementedError(f"{cls.__name__} declares no tiny() config")
+
 
 @attrs.frozen
 class StreamingGeometry:
