@@ -35,8 +35,9 @@ def oasr_register_models(register) -> None:
 def oasr_register_aliases(register) -> None:
     """Register model aliases (short names that resolve to a checkpoint directory).
 
-    ``register(name, *, resolver, description="")``: ``resolver`` is a ``"module:function"`` string;
-    the function takes no arguments and returns a local directory path (it may download or unpack).
+    ``register(name, *, resolver, description="", default=False)``: ``resolver`` is a
+    ``"module:function"`` string; the function takes no arguments and returns a local directory path
+    (it may download or unpack).  ``default=True`` marks the model used when none is named.
     """
 
 

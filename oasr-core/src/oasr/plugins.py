@@ -188,8 +188,8 @@ def _register_plugin_object(plugin: Any, record: PluginRecord) -> None:
                 staged.append((kind, name, model, {"config": config, "converter": converter,
                                                    "description": description}))
         elif kind == "aliases":
-            def register(name: str, *, resolver: str, description: str = "") -> None:
-                staged.append((kind, name, resolver, {"description": description}))
+            def register(name: str, *, resolver: str, description: str = "", default: bool = False) -> None:
+                staged.append((kind, name, resolver, {"description": description, "default": default}))
         else:
             def register(name: str, target: Any) -> None:
                 staged.append((kind, name, target, {}))

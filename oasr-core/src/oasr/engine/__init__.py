@@ -1,6 +1,8 @@
-"""The engine: offline batching and (later) streaming over any registered architecture."""
+"""The engine: offline batching and streaming over any registered architecture."""
 
 from oasr.decoding.types import Segment, WordTiming
+from oasr.engine.config import EngineConfig
+from oasr.engine.engine import ASREngine, Engine
 from oasr.engine.options import DecodingOptions, RequestOutput
 
-__all__ = ["DecodingOptions", "RequestOutput", "Segment", "WordTiming"]
+__all__ = ["ASREngine", "DecodingOptions", "Engine", "EngineConfig", "RequestOutput", "Segment", "WordTiming"]

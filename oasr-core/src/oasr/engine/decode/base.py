@@ -57,6 +57,8 @@ class DecodeBatch:
     waveforms: list[torch.Tensor]
     feats: torch.Tensor | None = None
     feat_lens: torch.Tensor | None = None
+    #: seconds spent per stage ("encoder", "decode"); a strategy adds what it measures
+    timings: dict[str, float] = attrs.field(factory=dict)
 
     def __len__(self) -> int:
         return len(self.request_ids)

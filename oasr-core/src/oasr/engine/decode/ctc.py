@@ -1,0 +1,115 @@
+"""The ``ctc`` decode strategy: greedy or prefix-beam search over the model's CTC log-probs."""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+import attrs
+
+from oasr.decoding.types import Hypothesis
+from oasr.engine.decode.base import DecodeBatch, DecodeStrategy
+from oasr.errors import RequestError
+
+
+@attrs.define
+class CtcOptions:
+    #: "greedy", or "prefix_beam"; a request asking beam_size > 1 or n_best > 1 gets prefix beam
+    search: Literal["greedy", "prefix_beam"] = "greedy"
+    beam_size: int = 10
+    #: skip frames whose blank posterior exceeds this (speeds up beam search; None: never)
+    blank_skip_threshold: float | None = None
+    #: bonus per matched hotword token in context biasing
+    hotword_score: float = 1.5
+
+
+class CtcDecodeStrategy(DecodeStrategy):
+    family = "ctc"
+    options_class = CtcOptions
+    supported_options = frozenset({"word_timestamps", "beam_size", "n_best", "hotwords"})
+
+    def validate(self, options, request_id=None) -> None:
+        super().validate(options, request_id)
+        beam = options.beam_size if (options.beam_size or 1) > 1 else self.options.beam_size
+        if options.n_best > beam:
+            raise RequestError(f"n_best={options.n_best} exceeds the beam size {beam}; raise beam_size",
+                               request_id=request_id, param="n_best")
+        if options.hotwords:
+            try:
+                self._hotword_ids(options.hotwords)
+            except Exception as exc:
+                raise RequestError(f"hotwords cannot be tokenized by this model's tokenizer: {exc}",
+                                   request_id=request_id, param="hotwords") from exc
+
+    def _beam(self, options) -> bool:
+        return (self.options.search == "prefix_beam" or (options.beam_size or 1) > 1 or options.n_best > 1
+                or bool(options.hotwords))
+
+    def _hotword_ids(self, hotwords) -> list[list[int]]:
+        return [self.ctx.tokenizer.encode(word) for word in hotwords]
+
+    @property
+    def blank_id(self) -> int:
+        blank = self.ctx.decoding_defaults.blank_id
+        return 0 if blank is None else int(blank)
+
+    def frame_seconds(self) -> float:
+        return self.ctx.frame_shift * self.ctx.model.encoder.subsampling_rate
+
+    def decode(self, batch: DecodeBatch) -> list[Hypothesis | BaseException]:
+        t0 = time.perf_counter()
+        log_probs, lengths = self.ctx.model.forward_offline(batch.feats, batch.feat_lens)
+        log_probs = log_probs.float().cpu()
+        lengths = lengths.cpu()
+        t1 = time.perf_counter()
+        results = self.search(log_probs, lengths, batch.options)
+        batch.timings["encoder"] = t1 - t0
+        batch.timings["decode"] = time.perf_counter() - t1
+        return results
+
+    def search(self, log_probs, lengths, options_list) -> list[Hypothesis]:
+        """Search each row by its own options (rows asking the same search run batched)."""
+        from oasr.decoding.ctc import ctc_greedy_search, ctc_prefix_beam_search
+
+        results: list[Hypothesis | None] = [None] * len(options_list)
+        greedy_rows = [i for i, o in enumerate(options_list) if not self._beam(o)]
+        if greedy_rows:
+            hyps = ctc_greedy_search(log_probs[greedy_rows], lengths[greedy_rows], blank=self.blank_id)
+            for i, hyp in zip(greedy_rows, hyps):
+                results[i] = hyp
+        groups: dict[tuple, list[int]] = {}
+        for i, o in enumerate(options_list):
+            if self._beam(o):
+                beam = o.beam_size if (o.beam_size or 1) > 1 else self.options.beam_size
+                groups.setdefault((beam, o.n_best, o.hotwords), []).append(i)
+        for (beam, n_best, hotwords), rows in groups.items():
+            context = None
+            if hotwords:
+                from oasr.decoding.context import ContextGraph
+
+                context = ContextGraph(self._hotword_ids(hotwords), score=self.options.hotword_score)
+            nbests = ctc_prefix_beam_search(log_probs[rows], lengths[rows], beam_size=beam, n_best=max(n_best, 1),
+                                            blank=self.blank_id,
+                                            blank_skip_threshold=self.options.blank_skip_threshold, context=context)
+            for i, nbest in zip(rows, nbests):
+                best = nbest[0] if nbest else Hypothesis(tokens=[])
+                best.nbest = nbest
+                results[i] = best
+        frame = self.frame_seconds()
+        for hyp, opts in zip(results, options_list):
+            self._finish_hypothesis(hyp, frame, opts)
+        return results
+
+    def _finish_hypothesis(self, hyp: Hypothesis, frame: float, options) -> None:
+        from oasr.decoding.words import words_from_tokens
+
+        if hyp.token_frames is not None:
+            hyp.token_times = [round(f * frame, 3) for f in hyp.token_frames]
+        if hyp.token_confidences:
+            conf = 1.0
+            for c in hyp.token_confidences:
+                conf *= c
+            hyp.confidence = conf ** (1.0 / len(hyp.token_confidences))
+        if options.word_timestamps and hyp.token_frames is not None:
+            hyp.words = words_from_tokens(hyp.tokens, hyp.token_frames, hyp.token_confidences, self.ctx.tokenizer,
+                                          frame_shift_seconds=frame)

@@ -1,0 +1,410 @@
+"""The engine: requests in, transcripts out, over any registered architecture.
+
+Offline mode batches waiting requests (see :mod:`oasr.engine.scheduler`), extracts features for
+the batch, runs the decode strategy chosen from the model's capabilities, and isolates failures: a
+request whose audio or row fails finishes alone with ``finish_reason="error"`` while the rest of its
+batch completes.  Streaming mode (``service_mode="streaming"``) delegates to
+:mod:`oasr.engine.streaming`.
+
+Public methods may be called from several threads: admission and bookkeeping take a short lock,
+and one step runs at a time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+
+from oasr import plugins
+from oasr.decoding.types import Hypothesis, Segment
+from oasr.engine.config import EngineConfig
+from oasr.engine.decode.base import DecodeBatch, DecodeContext, DecodeStrategy
+from oasr.engine.metrics import EngineMetrics
+from oasr.engine.options import DecodingOptions, RequestOutput
+from oasr.engine.scheduler import Scheduler
+from oasr.errors import CapabilityError, EngineFullError, OasrError, RequestError
+from oasr.models.loading import LoadedModel, load_pretrained
+
+logger = logging.getLogger("oasr.engine")
+
+OutputCallback = Callable[[RequestOutput], None]
+
+
+def default_model() -> str:
+    """The alias a model family marked as the default (the embedded model)."""
+    aliases = [a for a in plugins.registry("aliases") if a.meta.get("default")]
+    if not aliases:
+        raise RequestError(
+            "no model given and no installed family declares a default model; pass EngineConfig(model=...) "
+            "or install oasr-models-hf (whose default is the embedded Whisper tiny.en)"
+        )
+    return sorted(a.name for a in aliases)[0]
+
+
+@attrs.define(eq=False)
+class Request:
+    request_id: str
+    audio: torch.Tensor
+    options: DecodingOptions
+    priority: int
+    arrival: float
+    seq: int
+    cost: int
+    duration: float
+    callback: OutputCallback | None = None
+    skipped: int = 0
+    output: RequestOutput | None = None
+    done: threading.Event = attrs.field(factory=threading.Event)
+
+
+class Engine:
+    """Offline and streaming speech recognition over one loaded model."""
+
+    def __init__(self, config: EngineConfig | None = None, *, loaded: LoadedModel | None = None, **overrides: Any):
+        if config is None:
+            config = EngineConfig(**overrides)
+        elif overrides:
+            config = attrs.evolve(config, **overrides)
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        if loaded is None:
+            loaded = load_pretrained(config.model or default_model(), architecture=config.architecture,
+                                     device=config.device, dtype=config.dtype)
+        self.loaded = loaded
+        self.model = loaded.model
+        if config.quantization == "int8":
+            from oasr.layers.quant import quantize_model_int8
+
+            quantize_model_int8(self.model)
+        from oasr.features import FeatureConfig
+        from oasr.tokenizers import build_tokenizer
+
+        self.tokenizer = build_tokenizer(loaded.tokenizer_spec, loaded.tokenizer_root)
+        self.feature_config = FeatureConfig.from_spec(loaded.feature_spec)
+        self.sample_rate = int(self.feature_config.sample_rate)
+        self.strategy = self._build_strategy()
+        self.window_seconds: float | None = getattr(self.feature_config, "fixed_window_seconds", None)
+        self._hop = max(1, round(self.sample_rate * self.feature_config.frame_shift_ms / 1000.0))
+        self.scheduler = Scheduler(
+            policy=config.schedule_policy,
+            max_batch_size=config.max_batch_size,
+            max_batch_frames=config.max_batch_frames,
+            max_pad_ratio=config.max_pad_ratio,
+            max_wait_time=config.max_wait_time,
+            starvation_limit=config.starvation_limit,
+            fixed_cost=self.window_seconds is not None and not self.strategy.supports_long_form,
+        )
+        self.metrics = EngineMetrics()
+        self._lock = threading.RLock()
+        self._step_lock = threading.Lock()
+        self._requests: dict[str, Request] = {}
+        self._seq = itertools.count()
+        self._closed = False
+        self._streaming = None
+        if config.service_mode == "streaming":
+            from oasr.engine.streaming import StreamingExecutor
+
+            self._streaming = StreamingExecutor(self)
+
+    # -- construction helpers --------------------------------------------------------------------------
+    def _build_strategy(self) -> DecodeStrategy:
+        model = self.model
+        method = self.config.decode_method or model.default_decode_type
+        if method not in model.capabilities:
+            raise CapabilityError(
+                f"decode method {method!r} is not served by this {self.loaded.architecture} checkpoint; "
+                f"it serves: {', '.join(sorted(model.capabilities))}",
+                capability=method,
+            )
+        strategy_cls = plugins.registry("decoders").get(method).load()
+        options = strategy_cls.parse_options(self.config.decode_options)
+        frame_shift = self.feature_config.frame_shift_ms / 1000.0 * max(1, int(self.feature_config.lfr_n))
+        ctx = DecodeContext(model=model, tokenizer=self.tokenizer, decoding_defaults=self.loaded.decoding_defaults,
+                            feature_config=self.feature_config, device=torch.device(self.config.device),
+                            frame_shift=frame_shift, sample_rate=int(self.feature_config.sample_rate),
+                            source=self.loaded.source)
+        return strategy_cls(ctx, options)
+
+    @property
+    def decode_method(self) -> str:
+        return self.strategy.family
+
+    # -- admission -------------------------------------------------------------------------------------
+    def _load_audio(self, audio: Any, sample_rate: int | None) -> torch.Tensor:
+        from oasr.audio import load
+
+        samples = load(audio, self.sample_rate, sample_rate=sample_rate)
+        return torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
+
+    def _check_length(self, duration: float, request_id: str) -> None:
+        limit = self.config.max_audio_seconds
+        if limit is not None and duration > limit:
+            raise RequestError(f"request {request_id}: audio is {duration:.1f} s, longer than the engine's "
+                               f"max_audio_seconds={limit:g}", request_id=request_id, param="file")
+        window = self.window_seconds
+        if window is not None and duration > window + 1e-6:
+            if not self.strategy.supports_long_form:
+                raise RequestError(
+                    f"request {request_id}: audio is {duration:.1f} s but this model reads a fixed {window:g} s "
+                    f"window and decode method {self.strategy.family!r} has no long-form mode; split the audio",
+                    request_id=request_id, param="file")
+            if not self.config.long_form:
+                raise RequestError(
+                    f"request {request_id}: audio is {duration:.1f} s, past the model's {window:g} s window, and "
+                    f"long-form decoding is disabled (EngineConfig.long_form=False)",
+                    request_id=request_id, param="file")
+
+    def _admit(self, audio: Any, request_id: str | None, sample_rate: int | None,
+               decoding: DecodingOptions | None, priority: int, callback: OutputCallback | None) -> Request:
+        if self._closed:
+            raise RequestError("the engine is shut down")
+        request_id = request_id or uuid.uuid4().hex
+        options = decoding or DecodingOptions()
+        self.strategy.validate(options, request_id)
+        samples = self._load_audio(audio, sample_rate)
+        duration = samples.numel() / self.sample_rate
+        self._check_length(duration, request_id)
+        if self.window_seconds is not None and not self.strategy.supports_long_form:
+            cost = round(self.window_seconds * self.sample_rate) // self._hop
+        else:
+            cost = samples.numel() // self._hop + 1
+        return Request(request_id, samples, options, priority, time.monotonic(), 0, cost, duration, callback)
+
+    def add_request(self, audio: Any, *, request_id: str | None = None, sample_rate: int | None = None,
+                    decoding: DecodingOptions | None = None, priority: int = 0,
+                    callback: OutputCallback | None = None) -> str:
+        """Queue one offline request; returns its id.  Bad audio or options raise here, alone."""
+        if self._streaming is not None:
+            raise RequestError("this engine is in streaming mode: use add_streaming_request / feed_chunk, "
+                               "or transcribe(..., streaming=True)")
+        request = self._admit(audio, request_id, sample_rate, decoding, priority, callback)
+        with self._lock:
+            if request.request_id in self._requests:
+                raise RequestError(f"request id {request.request_id!r} is already in use",
+                                   request_id=request.request_id)
+            if self.config.max_queue is not None and len(self.scheduler) >= self.config.max_queue:
+                raise EngineFullError(f"the engine queue is full ({self.config.max_queue} waiting requests)")
+            request.seq = next(self._seq)
+            self._requests[request.request_id] = request
+            self.scheduler.add(request)
+            self.metrics.on_admit(request.duration)
+        return request.request_id
+
+    def abort_request(self, request_id: str) -> bool:
+        """Abort a waiting or running request; True if it was still pending."""
+        if self._streaming is not None and self._streaming.abort(request_id):
+            return True
+        with self._lock:
+            request = self._requests.get(request_id)
+            if request is None or request.done.is_set():
+                return False
+            self.scheduler.remove(request_id)
+            self._finish(request, RequestOutput(request_id, finished=True, finish_reason="abort",
+                                                duration=request.duration))
+            return True
+
+    # -- stepping --------------------------------------------------------------------------------------
+    def has_unfinished_requests(self) -> bool:
+        if self._streaming is not None and self._streaming.has_work():
+            return True
+        with self._lock:
+            return bool(self.scheduler)
+
+    def step(self, *, flush: bool = False) -> list[RequestOutput]:
+        """Run one batch (offline) or one chunk step over all ready streams; return new outputs."""
+        if self._streaming is not None:
+            return self._streaming.step()
+        with self._step_lock:
+            with self._lock:
+                batch: list[Request] = self.scheduler.schedule(flush=flush)
+            if not batch:
+                return []
+            results = self._decode_isolated(batch)
+            outputs = []
+            with self._lock:
+                for request, result in zip(batch, results):
+                    if request.done.is_set():  # aborted while running
+                        continue
+                    outputs.append(self._finish(request, self._to_output(request, result)))
+                self.metrics.on_batch(len(batch))
+            return outputs
+
+    def run(self) -> list[RequestOutput]:
+        """Step until every queued request has finished; return the outputs in completion order."""
+        outputs: list[RequestOutput] = []
+        while self.has_unfinished_requests():
+            outputs.extend(self.step(flush=True))
+        return outputs
+
+    def _decode(self, requests: Sequence[Request]) -> list[Hypothesis | BaseException]:
+        batch = DecodeBatch(request_ids=[r.request_id for r in requests], options=[r.options for r in requests],
+                            waveforms=[r.audio for r in requests])
+        if self.strategy.needs_features:
+            from oasr.features import extract_features_batch
+
+            t0 = time.perf_counter()
+            feats, feat_lens = extract_features_batch(batch.waveforms, self.feature_config)
+            batch.feats = feats.to(self.model.device, self.model.compute_dtype)
+            batch.feat_lens = feat_lens.to(self.model.device)
+            batch.timings["features"] = time.perf_counter() - t0
+        with torch.inference_mode():
+            results = self.strategy.decode(batch)
+        if len(results) != len(requests):
+            raise RuntimeError(f"decode strategy {self.strategy.family!r} returned {len(results)} results "
+                               f"for {len(requests)} requests")
+        self.metrics.on_timings(batch.timings)
+        return results
+
+    def _decode_isolated(self, requests: Sequence[Request]) -> list[Hypothesis | BaseException]:
+        """Decode a batch; if the batch as a whole fails, decode each request alone to isolate it."""
+        try:
+            return self._decode(requests)
+        except Exception as exc:  # one bad row must not fail the others
+            if len(requests) == 1:
+                return [exc]
+            logger.warning("batch of %d failed (%s); retrying each request alone", len(requests), exc)
+            out: list[Hypothesis | BaseException] = []
+            for request in requests:
+                try:
+                    out.extend(self._decode([request]))
+                except Exception as row_exc:
+                    out.append(row_exc)
+            return out
+
+    # -- outputs ---------------------------------------------------------------------------------------
+    def _to_output(self, request: Request, result: Hypothesis | BaseException) -> RequestOutput:
+        if isinstance(result, BaseException):
+            if isinstance(result, OasrError):
+                message = str(result)
+            else:
+                logger.error("request %s failed", request.request_id, exc_info=result)
+                message = f"internal error while decoding: {type(result).__name__}: {result}"
+            return RequestOutput(request.request_id, finished=True, finish_reason="error", error=message,
+                                 duration=request.duration)
+        return build_output(request.request_id, result, self.tokenizer, request.options, request.duration)
+
+    def _finish(self, request: Request, output: RequestOutput) -> RequestOutput:
+        request.output = output
+        request.done.set()
+        self._requests.pop(request.request_id, None)
+        self.metrics.on_finish(output.finish_reason or "stop")
+        if request.callback is not None:
+            try:
+                request.callback(output)
+            except Exception:
+                logger.exception("output callback of request %s raised", request.request_id)
+        return output
+
+    # -- convenience -----------------------------------------------------------------------------------
+    def transcribe_outputs(self, audio: Any | Sequence[Any], *, decoding: DecodingOptions | None = None,
+                           sample_rate: int | None = None, streaming: bool = False,
+                           progress: Callable[[RequestOutput], None] | None = None):
+        """Transcribe one input or a list; RequestOutputs in input order (errors per row, not raised)."""
+        single = not isinstance(audio, (list, tuple))
+        items = [audio] if single else list(audio)
+        if streaming or self._streaming is not None:
+            if self._streaming is None:
+                raise RequestError("transcribe(streaming=True) needs an engine built with service_mode='streaming'")
+            outputs = self._streaming.transcribe(items, decoding=decoding, sample_rate=sample_rate, progress=progress)
+            return outputs[0] if single else outputs
+        requests: list[Request | RequestOutput] = []
+        for item in items:
+            try:
+                rid = self.add_request(item, sample_rate=sample_rate, decoding=decoding, callback=progress)
+                with self._lock:
+                    requests.append(self._requests[rid])
+            except OasrError as exc:
+                failed = RequestOutput(uuid.uuid4().hex, finished=True, finish_reason="error", error=str(exc))
+                self.metrics.on_finish("error")
+                if progress is not None:
+                    progress(failed)
+                requests.append(failed)
+        for item in requests:
+            if isinstance(item, Request):
+                while not item.done.is_set():
+                    if not self.step(flush=True):
+                        item.done.wait(0.001)
+        outputs = [r if isinstance(r, RequestOutput) else r.output for r in requests]
+        return outputs[0] if single else outputs
+
+    def transcribe(self, audio: Any | Sequence[Any], *, decoding: DecodingOptions | None = None,
+                   sample_rate: int | None = None, streaming: bool = False):
+        """Text for one input, or a list of texts in input order.
+
+        Raises :class:`RequestError` if any input failed (its ``outputs`` attribute has every row's
+        RequestOutput, the successful ones included); use :meth:`transcribe_outputs` to get errors per row.
+        """
+        outputs = self.transcribe_outputs(audio, decoding=decoding, sample_rate=sample_rate, streaming=streaming)
+        rows = [outputs] if isinstance(outputs, RequestOutput) else outputs
+        failed = [(i, o) for i, o in enumerate(rows) if o.finish_reason == "error"]
+        if failed:
+            detail = "; ".join(f"input {i}: {o.error}" for i, o in failed)
+            error = RequestError(f"{len(failed)} of {len(rows)} input(s) failed: {detail}")
+            error.outputs = rows  # type: ignore[attr-defined]
+            raise error
+        return outputs.text if isinstance(outputs, RequestOutput) else [o.text for o in outputs]
+
+    def metrics_snapshot(self) -> dict[str, Any]:
+        snap = self.metrics.snapshot()
+        with self._lock:
+            snap["queue_depth"] = len(self.scheduler)
+        snap["streams"] = self._streaming.active_streams() if self._streaming is not None else 0
+        return snap
+
+    def shutdown(self) -> None:
+        """Refuse new requests and abort the waiting ones."""
+        self._closed = True
+        with self._lock:
+            for request_id in list(self._requests):
+                self.abort_request(request_id)
+        if self._streaming is not None:
+            self._streaming.shutdown()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    # -- streaming API (delegated) -----------------------------------------------------------------------
+    def _require_streaming(self):
+        if self._streaming is None:
+            raise RequestError("this engine is in offline mode; build it with EngineConfig(service_mode='streaming')")
+        return self._streaming
+
+    def add_streaming_request(self, *, request_id: str | None = None, sample_rate: int | None = None,
+                              decoding: DecodingOptions | None = None, callback: OutputCallback | None = None) -> str:
+        return self._require_streaming().add(request_id=request_id, sample_rate=sample_rate, decoding=decoding,
+                                             callback=callback)
+
+    def feed_chunk(self, request_id: str, samples: Any, is_last: bool = False) -> None:
+        self._require_streaming().feed(request_id, samples, is_last=is_last)
+
+
+ASREngine = Engine
+
+
+def build_output(request_id: str, hyp: Hypothesis, tokenizer: Any, options: DecodingOptions,
+                 duration: float | None, *, finished: bool = True) -> RequestOutput:
+    """A RequestOutput from a strategy's Hypothesis (detokenizing if the strategy did not)."""
+    text = hyp.text if hyp.text is not None else tokenizer.decode(hyp.tokens)
+    words = hyp.words if options.word_timestamps else None
+    segments = hyp.segments
+    if segments is None and finished:
+        segments = [Segment(0, 0.0, round(duration or 0.0, 3), text, list(hyp.tokens), words=words)]
+    nbest = None
+    if hyp.nbest and options.n_best > 1:
+        nbest = [h.text if h.text is not None else tokenizer.decode(h.tokens) for h in hyp.nbest]
+    return RequestOutput(request_id, text=text, tokens=list(hyp.tokens), words=words, segments=segments,
+                         confidence=hyp.confidence, language=hyp.language, finished=finished,
+                         finish_reason="stop" if finished else None, duration=duration, nbest=nbest)

@@ -1,0 +1,470 @@
+"""Whisper on the layer waist: encoder, decoder with a batched incremental surface, and the model.
+
+Module names are Hugging Face's (``encoder.layers.N.self_attn.q_proj`` ...) without the ``model.``
+prefix, which :attr:`WhisperModel.weight_renames` strips, so an HF state dict loads 1:1.  The output
+projection ``decoder.proj_out`` shares its weight with ``decoder.embed_tokens`` (every Whisper
+checkpoint ties them); a native bundle stores the shared tensor once.
+
+The decoder's incremental surface (what the ``aed`` strategy drives):
+
+* :meth:`WhisperDecoder.prefill` runs the prompt of every row at once and returns a
+  :class:`WhisperDecoderState` plus the final hidden states; prompts may differ in length per row
+  (right-padded, ``lengths`` per row);
+* :meth:`WhisperDecoder.step` feeds one token per row and returns the next-token logits;
+* :meth:`WhisperDecoder.select` is an ``index_select`` over rows (repeats allowed: beam search
+  expands a batch into B x k rows and reorders rows onto their parents with it);
+* :meth:`WhisperDecoder.merge` joins two prefilled states into one batch.
+
+Self-attention K/V live in per-row buffers written at each row's own length, so rows of different
+prompt lengths and rows from different prefills share one forward.  Cross-attention K/V are
+computed once per request (not per beam row) and each row points at its request's entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import torch
+import torch.nn.functional as F
+from oasr.errors import CapabilityError, CheckpointFormatError
+from oasr.layers import (
+    Conv1d,
+    Embedding,
+    Gelu,
+    LayerNorm,
+    Linear,
+    LinearActivation,
+    MultiHeadAttention,
+    attend,
+    merge_heads,
+)
+from oasr.models.base import BaseAsrModel, BaseEncoder
+from oasr.models.specs import QuantLayout, SmoothGroup
+from torch import nn
+
+from oasr_models_hf.whisper.config import WhisperConfig
+
+_ATTN_BIAS = (True, False, True, True)  # Whisper's k_proj has no bias
+
+
+class WhisperEncoderLayer(nn.Module):
+    def __init__(self, d_model: int, heads: int, ffn_dim: int):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, heads, bias=_ATTN_BIAS)
+        self.self_attn_layer_norm = LayerNorm(d_model)
+        self.fc1 = LinearActivation(d_model, ffn_dim, "gelu")
+        self.fc2 = Linear(ffn_dim, d_model)
+        self.final_layer_norm = LayerNorm(d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        attn = self.self_attn(self.self_attn_layer_norm(x))
+        normed, x = self.final_layer_norm.add_forward(attn, x)
+        return x + self.fc2(self.fc1(normed))
+
+
+class WhisperEncoder(BaseEncoder):
+    """Log-mel (B, T, n_mels) → hidden (B, T/2, d_model); T is at most one 30 s window."""
+
+    streaming_kind = "none"
+    subsampling_rate = 2
+
+    def __init__(self, config: WhisperConfig):
+        super().__init__()
+        d = config.d_model
+        self.conv1 = Conv1d(config.num_mel_bins, d, 3, padding=1)
+        self.conv2 = Conv1d(d, d, 3, stride=2, padding=1)
+        self.act = Gelu()
+        self.embed_positions = Embedding(config.max_source_positions, d)
+        self.layers = nn.ModuleList(
+            WhisperEncoderLayer(d, config.encoder_attention_heads, config.encoder_ffn_dim)
+            for _ in range(config.encoder_layers)
+        )
+        self.layer_norm = LayerNorm(d)
+        self._d_model = d
+
+    @property
+    def output_size(self) -> int:
+        return self._d_model
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        x = self.act(self.conv2(self.act(self.conv1(feats))))
+        n_pos = self.embed_positions.num_embeddings
+        if x.shape[1] > n_pos:
+            raise CapabilityError(
+                f"Whisper encoder input has {feats.shape[1]} frames; one window holds at most {2 * n_pos} "
+                f"(30 s). Longer audio is decoded in windows by the aed strategy."
+            )
+        x = x + self.embed_positions.weight[: x.shape[1]].to(x.dtype)
+        for layer in self.layers:
+            x = layer(x)
+        return self.layer_norm(x)
+
+
+class WhisperDecoderLayer(nn.Module):
+    def __init__(self, d_model: int, heads: int, ffn_dim: int):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, heads, bias=_ATTN_BIAS)
+        self.self_attn_layer_norm = LayerNorm(d_model)
+        self.encoder_attn = MultiHeadAttention(d_model, heads, bias=_ATTN_BIAS)
+        self.encoder_attn_layer_norm = LayerNorm(d_model)
+        self.fc1 = LinearActivation(d_model, ffn_dim, "gelu")
+        self.fc2 = Linear(ffn_dim, d_model)
+        self.final_layer_norm = LayerNorm(d_model)
+
+
+@attrs.define(eq=False)
+class WhisperDecoderState:
+    """Per-row incremental decoder state.
+
+    ``self_k``/``self_v``: per layer (B, H, capacity, Dh), row ``b`` holds ``lengths[b]`` positions.
+    ``cross_k``/``cross_v``: per layer (N, H, S, Dh), one entry per request; ``cross_rows`` (B,)
+    names each row's entry.  ``cross_group`` is ``g`` when the rows are the entries in order, each
+    repeated ``g`` times (greedy: 1, beam search: k), which lets a step read the entries in place.
+    ``uniform_length`` is the common length when every row has the same one (no key mask needed).
+    """
+
+    self_k: list[torch.Tensor]
+    self_v: list[torch.Tensor]
+    lengths: torch.Tensor
+    cross_k: list[torch.Tensor]
+    cross_v: list[torch.Tensor]
+    cross_rows: torch.Tensor
+    cross_group: int | None
+    uniform_length: int | None
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
+    def capacity(self) -> int:
+        return int(self.self_k[0].shape[2])
+
+
+def _group_size(rows: torch.Tensor, entries: int) -> int | None:
+    """``g`` if ``rows`` == arange(entries).repeat_interleave(g), else None."""
+    b = int(rows.shape[0])
+    if entries == 0 or b % entries:
+        return None
+    g = b // entries
+    expected = torch.arange(entries, device=rows.device).repeat_interleave(g)
+    return g if torch.equal(rows, expected) else None
+
+
+class WhisperDecoder(nn.Module):
+    """Token decoder with cross-attention over the encoder output, and the incremental surface."""
+
+    #: decoder K/V are dense per-row buffers (no paged pool), so steps are not graph-capturable
+    supports_paged_kv = False
+    supports_step_graphs = False
+
+    def __init__(self, config: WhisperConfig):
+        super().__init__()
+        d = config.d_model
+        self.n_heads = config.decoder_attention_heads
+        self.head_dim = d // self.n_heads
+        self.embed_tokens = Embedding(config.vocab_size, d)
+        self.embed_positions = Embedding(config.max_target_positions, d)
+        self.layers = nn.ModuleList(
+            WhisperDecoderLayer(d, self.n_heads, config.decoder_ffn_dim) for _ in range(config.decoder_layers)
+        )
+        self.layer_norm = LayerNorm(d)
+        self.proj_out = Linear(d, config.vocab_size, bias=False)
+        self.proj_out.weight = self.embed_tokens.weight
+
+    @property
+    def max_positions(self) -> int:
+        return self.embed_positions.num_embeddings
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final hidden states (…, D) → vocabulary logits (…, V)."""
+        return self.proj_out(hidden)
+
+    def cross_kv(self, enc_out: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Cross-attention K and V of every layer for encoder output (N, S, D): computed once per request."""
+        ks, vs = [], []
+        for layer in self.layers:
+            ks.append(layer.encoder_attn.project(enc_out, 1))
+            vs.append(layer.encoder_attn.project(enc_out, 2))
+        return ks, vs
+
+    # -- the shared layer computation -------------------------------------------------------------------
+    def _cross(self, layer: WhisperDecoderLayer, i: int, h: torch.Tensor, state: WhisperDecoderState,
+               capture: list[int] | None, max_frames: int | None, captured: list[torch.Tensor]) -> torch.Tensor:
+        attn = layer.encoder_attn
+        q = attn.project(h, 0)  # (B, H, L, Dh)
+        k, v = state.cross_k[i], state.cross_v[i]
+        b, heads, lq, dh = q.shape
+        if capture is not None:
+            k, v = k[state.cross_rows], v[state.cross_rows]
+            scores = torch.matmul(q, k.transpose(-1, -2)) * (dh ** -0.5)
+            selected = scores[:, capture]
+            if max_frames is not None:
+                selected = selected[..., :max_frames]
+            captured.append(selected.float().softmax(dim=-1))
+            out = torch.matmul(scores.softmax(dim=-1), v)
+        elif state.cross_group is not None:
+            g = state.cross_group
+            n = b // g
+            qg = q.view(n, g, heads, lq, dh).transpose(1, 2).reshape(n, heads, g * lq, dh)
+            out = attend(qg, k, v).view(n, heads, g, lq, dh).transpose(1, 2).reshape(b, heads, lq, dh)
+        else:
+            out = attend(q, k[state.cross_rows], v[state.cross_rows])
+        return getattr(attn, attn.names[3])(merge_heads(out))
+
+    def _run_layers(self, x: torch.Tensor, state: WhisperDecoderState, write_pos: torch.Tensor | None, *,
+                    capture: dict[int, list[int]] | None = None, max_frames: int | None = None,
+                    captured: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Run every layer over ``x`` (B, L, D).
+
+        Prefill (``write_pos`` None): causal self-attention over the L positions, K/V stored at 0..L-1.
+        Step (L == 1): K/V written at ``write_pos`` (B,) per row, attention over each row's keys.
+        """
+        rows = torch.arange(x.shape[0], device=x.device)
+        for i, layer in enumerate(self.layers):
+            sa = layer.self_attn
+            h = layer.self_attn_layer_norm(x)
+            q, k, v = sa.project(h, 0), sa.project(h, 1), sa.project(h, 2)
+            kbuf, vbuf = state.self_k[i], state.self_v[i]
+            if write_pos is None:
+                length = q.shape[2]
+                kbuf[:, :, :length] = k
+                vbuf[:, :, :length] = v
+                out = attend(q, k, v, causal=True)
+            else:
+                kbuf[rows, :, write_pos] = k[:, :, 0]
+                vbuf[rows, :, write_pos] = v[:, :, 0]
+                if state.uniform_length is not None:
+                    span = state.uniform_length + 1
+                    out = attend(q, kbuf[:, :, :span], vbuf[:, :, :span])
+                else:
+                    span = int(write_pos.max()) + 1
+                    out = attend(q, kbuf[:, :, :span], vbuf[:, :, :span], key_lengths=write_pos + 1)
+            attn_out = getattr(sa, sa.names[3])(merge_heads(out))
+            h, x = layer.encoder_attn_layer_norm.add_forward(attn_out, x)
+            layer_capture = None if capture is None else capture.get(i)
+            cross_out = self._cross(layer, i, h, state, layer_capture, max_frames, captured)
+            h, x = layer.final_layer_norm.add_forward(cross_out, x)
+            x = x + layer.fc2(layer.fc1(h))
+        return self.layer_norm(x)
+
+    def _new_state(self, enc_out: torch.Tensor | tuple[list[torch.Tensor], list[torch.Tensor]], batch: int,
+                   capacity: int, rows: torch.Tensor | None, dtype: torch.dtype, device: torch.device
+                   ) -> WhisperDecoderState:
+        ks, vs = self.cross_kv(enc_out) if isinstance(enc_out, torch.Tensor) else enc_out
+        entries = ks[0].shape[0]
+        if rows is None:
+            if entries != batch:
+                raise ValueError(f"{batch} token rows but {entries} encoder outputs; pass rows= to map them")
+            rows = torch.arange(batch, device=device)
+        shape = (batch, self.n_heads, capacity, self.head_dim)
+        return WhisperDecoderState(
+            self_k=[torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers],
+            self_v=[torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers],
+            lengths=torch.zeros(batch, dtype=torch.long, device=device),
+            cross_k=ks, cross_v=vs, cross_rows=rows, cross_group=_group_size(rows, entries), uniform_length=0,
+        )
+
+    def _embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(tokens) + self.embed_positions.weight[positions]
+
+    # -- the incremental surface ------------------------------------------------------------------------
+    def prefill(self, enc_out: torch.Tensor | tuple[list[torch.Tensor], list[torch.Tensor]], tokens: torch.Tensor,
+                lengths: torch.Tensor | None = None, *, rows: torch.Tensor | None = None,
+                capacity: int | None = None) -> tuple[WhisperDecoderState, torch.Tensor]:
+        """Run the prompts ``tokens`` (B, L), right-padded to ``lengths`` (B,), over the encoder output.
+
+        ``enc_out`` is (N, S, D) or precomputed :meth:`cross_kv`; ``rows`` (B,) maps each token row
+        to its encoder entry (default: one row per entry).  ``capacity`` reserves decoder positions
+        (it grows on demand).  Returns the state and the final hidden states (B, L, D): project the
+        positions you need with :meth:`logits` (each row's last prompt token is ``lengths - 1``).
+        """
+        batch, length = tokens.shape
+        if length > self.max_positions:
+            raise CapabilityError(f"decoder prompt of {length} tokens exceeds {self.max_positions} positions")
+        device = tokens.device
+        dtype = self.embed_tokens.weight.dtype if not isinstance(enc_out, torch.Tensor) else enc_out.dtype
+        capacity = min(max(capacity or 0, length + 1), self.max_positions)
+        state = self._new_state(enc_out, batch, capacity, rows, dtype, device)
+        positions = torch.arange(length, device=device)
+        x = self._embed(tokens, positions[None, :].expand(batch, length))
+        hidden = self._run_layers(x, state, None)
+        if lengths is None:
+            state.lengths.fill_(length)
+            state.uniform_length = length
+        else:
+            state.lengths = lengths.to(device=device, dtype=torch.long).clone()
+            uniform = bool((state.lengths == state.lengths[0]).all()) if batch else True
+            state.uniform_length = int(state.lengths[0]) if (uniform and batch) else None
+        return state, hidden
+
+    def step(self, state: WhisperDecoderState, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row (B,) at each row's next position; returns logits (B, V).  Updates ``state``."""
+        pos = state.lengths
+        top = state.uniform_length if state.uniform_length is not None else int(pos.max())
+        if top >= self.max_positions:
+            raise CapabilityError(f"decoder reached its {self.max_positions} positions")
+        if top >= state.capacity:
+            self._grow(state, min(self.max_positions, max(2 * state.capacity, top + 1)))
+        x = self._embed(tokens, pos)[:, None, :]
+        hidden = self._run_layers(x, state, pos)
+        state.lengths = pos + 1
+        if state.uniform_length is not None:
+            state.uniform_length += 1
+        return self.logits(hidden[:, 0])
+
+    def _grow(self, state: WhisperDecoderState, capacity: int) -> None:
+        extra = capacity - state.capacity
+        for bufs in (state.self_k, state.self_v):
+            for i, buf in enumerate(bufs):
+                bufs[i] = F.pad(buf, (0, 0, 0, extra))
+
+    def select(self, state: WhisperDecoderState, index: torch.Tensor | Sequence[int]) -> WhisperDecoderState:
+        """A new state whose row ``j`` is row ``index[j]`` of ``state`` (repeats allowed)."""
+        index = torch.as_tensor(index, dtype=torch.long, device=state.lengths.device)
+        lengths = state.lengths.index_select(0, index)
+        span = state.uniform_length if state.uniform_length is not None else (
+            int(state.lengths.max()) if state.batch_size else 0)
+
+        def pick(buf: torch.Tensor) -> torch.Tensor:
+            out = buf.new_zeros((index.shape[0],) + tuple(buf.shape[1:]))
+            out[:, :, :span] = buf[:, :, :span].index_select(0, index)
+            return out
+
+        rows = state.cross_rows.index_select(0, index)
+        cross_k, cross_v = state.cross_k, state.cross_v
+        entries = cross_k[0].shape[0]
+        used, inverse = torch.unique(rows, sorted=True, return_inverse=True)
+        if used.shape[0] < entries:  # drop encoder entries no row reads any more
+            cross_k = [k.index_select(0, used) for k in cross_k]
+            cross_v = [v.index_select(0, used) for v in cross_v]
+            rows, entries = inverse, used.shape[0]
+        return WhisperDecoderState(
+            self_k=[pick(b) for b in state.self_k], self_v=[pick(b) for b in state.self_v], lengths=lengths,
+            cross_k=cross_k, cross_v=cross_v, cross_rows=rows, cross_group=_group_size(rows, entries),
+            uniform_length=state.uniform_length,
+        )
+
+    @staticmethod
+    def can_merge(a: WhisperDecoderState, b: WhisperDecoderState) -> bool:
+        return (len(a.self_k) == len(b.self_k) and a.self_k[0].dtype == b.self_k[0].dtype
+                and a.self_k[0].device == b.self_k[0].device
+                and a.cross_k[0].shape[1:] == b.cross_k[0].shape[1:])
+
+    def merge(self, a: WhisperDecoderState, b: WhisperDecoderState) -> WhisperDecoderState:
+        """One state holding the rows of ``a`` then those of ``b`` (see :meth:`can_merge`)."""
+        if not self.can_merge(a, b):
+            raise ValueError("these decoder states cannot be merged (different layers, dtype, device or encoder length)")
+        capacity = max(a.capacity, b.capacity)
+
+        def widen(buf: torch.Tensor) -> torch.Tensor:
+            return F.pad(buf, (0, 0, 0, capacity - buf.shape[2])) if buf.shape[2] < capacity else buf
+
+        rows = torch.cat([a.cross_rows, b.cross_rows + a.cross_k[0].shape[0]])
+        entries = a.cross_k[0].shape[0] + b.cross_k[0].shape[0]
+        uniform = a.uniform_length if a.uniform_length is not None and a.uniform_length == b.uniform_length else None
+        return WhisperDecoderState(
+            self_k=[torch.cat([widen(x), widen(y)]) for x, y in zip(a.self_k, b.self_k)],
+            self_v=[torch.cat([widen(x), widen(y)]) for x, y in zip(a.self_v, b.self_v)],
+            lengths=torch.cat([a.lengths, b.lengths]),
+            cross_k=[torch.cat([x, y]) for x, y in zip(a.cross_k, b.cross_k)],
+            cross_v=[torch.cat([x, y]) for x, y in zip(a.cross_v, b.cross_v)],
+            cross_rows=rows, cross_group=_group_size(rows, entries), uniform_length=uniform,
+        )
+
+    # -- teacher-forced passes --------------------------------------------------------------------------
+    def forward(self, tokens: torch.Tensor, enc_out: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced logits (B, L, V) for ``tokens`` (B, L) over encoder output (B, S, D)."""
+        _, hidden = self.prefill(enc_out, tokens)
+        return self.logits(hidden)
+
+    def cross_attention(self, enc_out: torch.Tensor, token_ids: torch.Tensor, heads: Sequence[tuple[int, int]],
+                        max_frames: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention probabilities of ``heads`` ((layer, head) pairs) and the logits of one pass.
+
+        Returns (B, len(heads), L, F) probabilities (softmax over the first ``max_frames`` encoder
+        frames) and (B, L, V) logits, for ``token_ids`` (B, L) teacher-forced over ``enc_out``.
+        """
+        heads = [(int(layer), int(head)) for layer, head in heads]
+        if not heads:
+            raise CapabilityError("cross_attention needs at least one (layer, head) pair")
+        capture: dict[int, list[int]] = {}
+        for layer, head in heads:
+            capture.setdefault(layer, []).append(head)
+        batch, length = token_ids.shape
+        state = self._new_state(enc_out, batch, length, None, enc_out.dtype, enc_out.device)
+        positions = torch.arange(length, device=token_ids.device)
+        x = self._embed(token_ids, positions[None, :].expand(batch, length))
+        captured: list[torch.Tensor] = []
+        hidden = self._run_layers(x, state, None, capture=capture, max_frames=max_frames, captured=captured)
+        per_layer = dict(zip(sorted(capture), captured))
+        order = {layer: {head: j for j, head in enumerate(capture[layer])} for layer in capture}
+        probs = torch.stack([per_layer[layer][:, order[layer][head]] for layer, head in heads], dim=1)
+        return probs, self.logits(hidden)
+
+
+class WhisperModel(BaseAsrModel):
+    """Whisper: encoder + autoregressive decoder, decoded by the ``aed`` family."""
+
+    config_class = WhisperConfig
+    weight_renames = ((r"^model\.", ""), (r"^proj_out\.", "decoder.proj_out."))
+
+    def __init__(self, config: WhisperConfig):
+        super().__init__(config)
+        self.encoder = WhisperEncoder(config)
+        self.decoder = WhisperDecoder(config)
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return frozenset({"aed"})
+
+    @property
+    def default_decode_type(self) -> str:
+        return "aed"
+
+    def _tied(self) -> bool:
+        return self.decoder.proj_out.weight is self.decoder.embed_tokens.weight
+
+    def is_computed_buffer(self, key: str) -> bool:
+        # The tied output projection is the embedding table: never required from, nor written to, a file.
+        if key == "decoder.proj_out.weight" and self._tied():
+            return True
+        return super().is_computed_buffer(key)
+
+    def load_weights(self, state_dict):
+        tied = state_dict.get("proj_out.weight")
+        embed = state_dict.get("model.decoder.embed_tokens.weight", state_dict.get("decoder.embed_tokens.weight"))
+        if tied is not None and embed is not None and tied.shape == embed.shape and not torch.equal(tied, embed):
+            raise CheckpointFormatError("proj_out.weight differs from decoder.embed_tokens.weight; OASR's Whisper "
+                                        "ties them as every Whisper checkpoint does")
+        return super().load_weights(state_dict)
+
+    def encode_offline(self, feats: torch.Tensor, feat_lens: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-mel (B, T, n_mels) → (B, T/2, D); Whisper attends over the whole window, so the
+        returned lengths are all T/2 whatever ``feat_lens`` says."""
+        out = self.encoder(feats)
+        return out, torch.full((out.shape[0],), out.shape[1], dtype=torch.long, device=out.device)
+
+    def quantization_layout(self) -> QuantLayout:
+        """Each pre-norm feeds the projections after it (SmoothQuant groups); nothing is kept at full
+        precision, the convolutions and embeddings are not linears."""
+        groups = []
+        for prefix, layers in (("encoder", self.encoder.layers), ("decoder", self.decoder.layers)):
+            for i, layer in enumerate(layers):
+                base = f"{prefix}.layers.{i}"
+                groups.append(SmoothGroup(f"{base}.self_attn_layer_norm",
+                                          tuple(f"{base}.self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj"))))
+                if hasattr(layer, "encoder_attn"):
+                    groups.append(SmoothGroup(f"{base}.encoder_attn_layer_norm", (f"{base}.encoder_attn.q_proj",)))
+                groups.append(SmoothGroup(f"{base}.final_layer_norm", (f"{base}.fc1",)))
+        return QuantLayout(smooth_groups=tuple(groups))
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (f"d_model={c.d_model}, encoder_layers={c.encoder_layers}, decoder_layers={c.decoder_layers}, "
+                f"vocab={c.vocab_size}, n_mels={c.num_mel_bins}")
+
+
+__all__ = ["WhisperDecoder", "WhisperDecoderState", "WhisperEncoder", "WhisperModel"]

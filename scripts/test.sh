@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Set up OASR and every reference implementation the tests compare against, then run the whole
+# test suite.  Usage: scripts/test.sh [pytest args...]
+source "$(dirname "$0")/_env.sh"
+install_oasr -r requirements/test.txt
+# Reference implementations that must not pull their full dependency trees:
+#  - openai-whisper would pull ~1 GB of triton it does not need on CPU;
+#  - PyPI has no torchaudio for torch 2.13; its pure-Python Kaldi compliance code is the fbank
+#    reference, so its compiled libraries (built for another torch) are moved out of the package.
+"${PIP[@]}" install --no-deps "openai-whisper==20250625" "torchaudio==2.11.*" "useful-moonshine-onnx" 2>&1 | grep -v "is ignored" || true
+"$VENV/bin/python" - <<'PY'
+import pathlib, shutil, sysconfig
+lib = pathlib.Path(sysconfig.get_paths()["purelib"]) / "torchaudio" / "lib"
+if lib.is_dir():
+    for so in lib.glob("*.so"):
+        shutil.move(str(so), str(so) + ".disabled")
+PY
+# Test assets that live in PyPI wheels (no model hub): pyannote's 30 s two-speaker sample.
+ASSETS="$ROOT/.cache/assets"
+mkdir -p "$ASSETS"
+if [ ! -f "$ASSETS/sample.wav" ]; then
+    "${PIP[@]}" download --no-deps "pyannote-audio==4.0.7" -d "$ROOT/.cache/wheels" 2>&1 | grep -v "is ignored" || true
+    "$VENV/bin/python" - "$ROOT/.cache/wheels" "$ASSETS" <<'PY'
+import pathlib, sys, zipfile
+wheels, assets = map(pathlib.Path, sys.argv[1:])
+wheel = sorted(wheels.glob("pyannote_audio-*.whl"))[-1]
+with zipfile.ZipFile(wheel) as zf:
+    (assets / "sample.wav").write_bytes(zf.read("pyannote/audio/sample/sample.wav"))
+PY
+fi
+# espeak-ng speaks test sentences; sox converts.  CI runs as root on Debian.
+if ! command -v espeak-ng >/dev/null 2>&1; then
+    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && apt-get install -y -qq espeak-ng sox >/dev/null
+    else
+        echo "warning: espeak-ng is not installed; tests that need it will fail" >&2
+    fi
+fi
+export OASR_TEST_ASSETS="$ASSETS"
+exec "$VENV/bin/python" -m pytest -n 2 --dist loadfile "$@"

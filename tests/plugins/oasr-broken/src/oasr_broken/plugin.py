@@ -1,0 +1,1 @@
+raise RuntimeError("oasr-broken refuses to import")

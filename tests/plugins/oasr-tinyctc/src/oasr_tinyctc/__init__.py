@@ -1,0 +1,1 @@
+"""A tiny CTC architecture distributed as a third-party OASR plugin."""

@@ -1,0 +1,62 @@
+"""The tinyctc checkpoint format: ``tinyctc.json`` (config), ``model.pt`` (state dict), ``units.txt``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from oasr import serde
+from oasr.models import (
+    DETECT_KEYED_VALUE,
+    CheckpointConverter,
+    DecodingDefaults,
+    FeatureSpec,
+    TokenizerSpec,
+    extract_state_dict,
+    load_torch_checkpoint,
+)
+
+from oasr_tinyctc.model import TinyCtcConfig
+
+
+class TinyCtcConverter(CheckpointConverter):
+    architecture = "tinyctc"
+    detect_specificity = DETECT_KEYED_VALUE
+
+    def detect(self, path: Path) -> bool:
+        cfg = path / "tinyctc.json"
+        return cfg.is_file() and json.loads(cfg.read_text()).get("model_type") == "tinyctc"
+
+    def load_state_dict(self, path: Path) -> dict[str, torch.Tensor]:
+        return extract_state_dict(load_torch_checkpoint(path / "model.pt"), path / "model.pt")
+
+    def build_config(self, path: Path, state_dict) -> TinyCtcConfig:
+        raw = json.loads((path / "tinyctc.json").read_text())
+        raw.pop("model_type")
+        return serde.structure(raw, TinyCtcConfig, what=str(path / "tinyctc.json"))
+
+    def tokenizer_spec(self, path: Path, config) -> TokenizerSpec:
+        return TokenizerSpec(kind="symbol_table", files={"units": str(path / "units.txt")}, special_ids=(0,))
+
+    def feature_spec(self, path: Path, config) -> FeatureSpec:
+        return FeatureSpec(kind="kaldi_fbank", num_mel_bins=config.input_dim, audio_scale=32768.0)
+
+    def decoding_defaults(self, path: Path, config) -> DecodingDefaults:
+        return DecodingDefaults(decode_type="ctc", blank_id=0)
+
+
+def write_checkpoint(path: Path, config: TinyCtcConfig | None = None, *, seed: int = 0) -> Path:
+    """Create a random tinyctc checkpoint directory (for tests and the cookbook)."""
+    from oasr_tinyctc.model import TinyCtcModel
+
+    config = config or TinyCtcConfig()
+    torch.manual_seed(seed)
+    model = TinyCtcModel(config)
+    path.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), path / "model.pt")
+    (path / "tinyctc.json").write_text(json.dumps({"model_type": "tinyctc", **serde.unstructure(config)}))
+    units = ["<blank>"] + [chr(ord("a") + i) for i in range(config.vocab_size - 2)] + ["▁"]
+    (path / "units.txt").write_text("".join(f"{u} {i}\n" for i, u in enumerate(units)))
+    return path
