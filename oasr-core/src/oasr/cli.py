@@ -26,7 +26,7 @@ def run_guarded(fn: Callable[[], int]) -> int:
     except OasrError as exc:
         print(f"oasr: error: {exc}", file=sys.stderr)
         return 2
-    except FileExistsError as exc:
+    except (FileExistsError, FileNotFoundError) as exc:
         print(f"oasr: error: {exc}", file=sys.stderr)
         return 2
 

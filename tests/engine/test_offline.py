@@ -1,0 +1,164 @@
+"""The offline engine: batching equals one-at-a-time, failure isolation, admission refusals, threads."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from oasr.engine import DecodingOptions, Engine, EngineConfig
+from oasr.errors import CapabilityError, ConfigError, RequestError, UnknownModelError
+from tests.engine.conftest import synth
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    rng = np.random.default_rng(7)
+    return [synth(float(rng.uniform(0.3, 4.0)), seed=i) for i in range(50)]
+
+
+@pytest.fixture(scope="module")
+def reference(tinyctc_dir, inputs):
+    """Each input transcribed alone (batch size 1)."""
+    engine = Engine(EngineConfig(model=str(tinyctc_dir), max_batch_size=1))
+    outs = [engine.transcribe_outputs(x, sample_rate=16000) for x in inputs]
+    assert all(o.finish_reason == "stop" for o in outs)
+    assert sum(len(o.tokens) for o in outs) > 50, "the tiny model should emit tokens"
+    return [o.tokens for o in outs]
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "bucket", "sjf"])
+@pytest.mark.parametrize("max_batch_size,max_batch_frames", [(4, None), (16, None), (50, 3000), (8, 800)])
+def test_batched_equals_one_at_a_time(tinyctc_dir, inputs, reference, policy, max_batch_size, max_batch_frames):
+    engine = Engine(EngineConfig(model=str(tinyctc_dir), schedule_policy=policy, max_batch_size=max_batch_size,
+                                 max_batch_frames=max_batch_frames))
+    outs = engine.transcribe_outputs(inputs, sample_rate=16000)
+    assert [o.tokens for o in outs] == reference
+    snap = engine.metrics_snapshot()
+    assert snap["max_batch_size"] > 1 and snap["max_batch_size"] <= max_batch_size
+    assert snap["requests_finished"] == {"stop": 50}
+
+
+def test_a_corrupt_input_fails_alone(tinyctc_dir, inputs, reference, tmp_path):
+    bad = tmp_path / "corrupt.wav"
+    good = tmp_path / "good.wav"
+    sf.write(good, inputs[1], 16000)
+    bad.write_bytes(good.read_bytes()[:30])  # a truncated header
+    engine = Engine(EngineConfig(model=str(tinyctc_dir), max_batch_size=8))
+    outs = engine.transcribe_outputs([inputs[0], str(bad), str(good), inputs[2]], sample_rate=16000)
+    assert [o.finish_reason for o in outs] == ["stop", "error", "stop", "stop"]
+    assert "corrupt.wav" in outs[1].error
+    assert outs[0].tokens == reference[0] and outs[2].tokens == reference[1] and outs[3].tokens == reference[2]
+    with pytest.raises(RequestError, match="1 of 2 input") as info:
+        engine.transcribe([inputs[0], str(bad)], sample_rate=16000)
+    assert info.value.outputs[0].tokens == reference[0]
+
+
+def test_a_row_that_breaks_the_model_fails_alone(tinyctc_dir, inputs, reference, monkeypatch):
+    engine = Engine(EngineConfig(model=str(tinyctc_dir), max_batch_size=8))
+    original = engine.strategy.decode
+
+    def flaky(batch):
+        if any(w.numel() == inputs[3].size for w in batch.waveforms):
+            raise RuntimeError("row 3 poisons any batch it is in")
+        return original(batch)
+
+    monkeypatch.setattr(engine.strategy, "decode", flaky)
+    outs = engine.transcribe_outputs(inputs[:6], sample_rate=16000)
+    assert [o.finish_reason for o in outs] == ["stop"] * 3 + ["error"] + ["stop"] * 2
+    assert "row 3 poisons" in outs[3].error
+    assert [o.tokens for i, o in enumerate(outs) if i != 3] == [r for i, r in enumerate(reference[:6]) if i != 3]
+
+
+def test_options_a_family_cannot_honour_are_refused_at_admission(tinyctc_dir, inputs, monkeypatch):
+    engine = Engine(EngineConfig(model=str(tinyctc_dir)))
+    with pytest.raises(RequestError, match="'ctc'.*cannot honour language"):
+        engine.add_request(inputs[0], sample_rate=16000, decoding=DecodingOptions(language="en"))
+    with pytest.raises(RequestError, match="cannot honour prompt, task"):
+        engine.add_request(inputs[0], sample_rate=16000, decoding=DecodingOptions(task="translate", prompt="hi"))
+    assert not engine.has_unfinished_requests()
+    # a family without word timings (the mechanism is the strategy's declared supported_options)
+    monkeypatch.setattr(engine.strategy, "supported_options", frozenset())
+    with pytest.raises(RequestError, match="cannot honour word_timestamps"):
+        engine.add_request(inputs[0], sample_rate=16000, decoding=DecodingOptions(word_timestamps=True))
+
+
+def test_unknown_decode_option_and_method_raise_at_construction(tinyctc_dir):
+    with pytest.raises(ConfigError, match="unknown decode option.*beem.*valid: search, beam_size"):
+        Engine(EngineConfig(model=str(tinyctc_dir), decode_options={"beem": 3}))
+    with pytest.raises(CapabilityError, match="'aed' is not served.*it serves: ctc"):
+        Engine(EngineConfig(model=str(tinyctc_dir), decode_method="aed"))
+    with pytest.raises(UnknownModelError):
+        Engine(EngineConfig(model=str(tinyctc_dir), architecture="no_such_arch"))
+
+
+def test_word_timestamps_nbest_and_beam(tinyctc_dir, inputs, reference):
+    engine = Engine(EngineConfig(model=str(tinyctc_dir)))
+    out = engine.transcribe_outputs(inputs[4], sample_rate=16000,
+                                    decoding=DecodingOptions(word_timestamps=True, beam_size=4, n_best=3))
+    assert out.finish_reason == "stop"
+    assert out.nbest is not None and 1 <= len(out.nbest) <= 3 and out.nbest[0] == out.text
+    assert out.words is not None
+    for w in out.words:
+        assert w.word in out.text and 0 <= w.start <= w.end <= out.duration + 0.1
+    with pytest.raises(RequestError, match="n_best=5 exceeds the beam size 4"):
+        engine.add_request(inputs[0], sample_rate=16000, decoding=DecodingOptions(beam_size=4, n_best=5))
+
+
+def test_abort_and_queue_bound(tinyctc_dir, inputs):
+    from oasr.errors import EngineFullError
+
+    engine = Engine(EngineConfig(model=str(tinyctc_dir), max_queue=2))
+    seen = []
+    a = engine.add_request(inputs[0], sample_rate=16000, callback=seen.append)
+    engine.add_request(inputs[1], sample_rate=16000)
+    with pytest.raises(EngineFullError):
+        engine.add_request(inputs[2], sample_rate=16000)
+    assert engine.abort_request(a) is True
+    assert engine.abort_request(a) is False
+    assert seen[0].finish_reason == "abort"
+    outs = engine.run()
+    assert len(outs) == 1 and outs[0].finish_reason == "stop"
+
+
+def test_thread_safety(tinyctc_dir, inputs, reference):
+    engine = Engine(EngineConfig(model=str(tinyctc_dir), max_batch_size=8, max_wait_time=0.0))
+    results: dict[int, list[int]] = {}
+    done = threading.Event()
+
+    def stepper():
+        while not done.is_set():
+            if not engine.step():
+                done.wait(0.001)
+
+    def submit(indices):
+        for i in indices:
+            engine.add_request(inputs[i], sample_rate=16000, request_id=f"r{i}",
+                               callback=lambda out, i=i: results.__setitem__(i, out.tokens))
+
+    runner = threading.Thread(target=stepper)
+    runner.start()
+    submitters = [threading.Thread(target=submit, args=(range(k, 50, 4),)) for k in range(4)]
+    for t in submitters:
+        t.start()
+    for t in submitters:
+        t.join()
+    while engine.has_unfinished_requests():
+        done.wait(0.01)
+    done.set()
+    runner.join()
+    assert [results[i] for i in range(50)] == reference
+
+
+def test_fixed_window_models_refuse_overlong_audio_without_long_form(tinyctc_dir, inputs):
+    engine = Engine(EngineConfig(model=str(tinyctc_dir)))
+    engine.window_seconds = 2.0  # as a fixed-window frontend would declare
+    long_audio = synth(3.0, seed=99)
+    with pytest.raises(RequestError, match="fixed 2 s window.*no long-form mode"):
+        engine.add_request(long_audio, sample_rate=16000)
+    engine.add_request(synth(1.5, seed=98), sample_rate=16000)
+    engine2 = Engine(EngineConfig(model=str(tinyctc_dir), max_audio_seconds=1.0))
+    with pytest.raises(RequestError, match="longer than the engine's max_audio_seconds=1"):
+        engine2.add_request(long_audio, sample_rate=16000)
