@@ -1,0 +1,618 @@
+"""Streaming service: per-stream state in pre-allocated pools, every ready stream in one forward.
+
+A stream is admitted to a *slot* (at most ``max_streams`` at once; later streams wait in FIFO
+order).  Audio fed to it is resampled, turned into features incrementally (the extractor's declared
+framing makes chunked features equal offline ones), cut into the encoder's streaming windows
+(``encoder.streaming_geometry(chunk_size)``) and advanced through a backend chosen by
+``encoder.streaming_kind``:
+
+``paged``
+    attention K/V of every layer lives in a block pool (one block = one chunk of encoder frames),
+    each stream owning a block table; left-chunk eviction frees whole blocks; the convolution tail
+    is a slot tensor.  Streams at any offsets run in one batched ``encoder.forward_chunk``.
+``slot``
+    every :class:`StreamStateSpec` of the encoder is one tensor with a slot axis.
+``stateful``
+    the encoder keeps its own state per stream (the parity oracle); streams run one at a time.
+
+All pools are allocated at construction; nothing grows with the number of chunks.  A stream whose
+history would pass the pool's per-stream ceiling finishes with ``finish_reason="length"``.
+CTC search state is kept per stream; partial outputs (``finished=False``) follow every chunk.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import uuid
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import numpy as np
+import torch
+
+from oasr.decoding.types import Hypothesis
+from oasr.engine.options import DecodingOptions, RequestOutput
+from oasr.errors import CapabilityError, EngineFullError, RequestError
+
+if TYPE_CHECKING:
+    from oasr.engine.engine import Engine
+
+logger = logging.getLogger("oasr.engine.streaming")
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+class PagedKVPool:
+    """Block pools of attention K/V for every layer plus slot tensors for the conv tails.
+
+    ``k``/``v``: (layers, num_blocks, heads, block_size, head_dim); a block holds one chunk.
+    """
+
+    def __init__(self, spec, *, max_streams: int, blocks_per_stream: int, block_size: int,
+                 dtype: torch.dtype, device: torch.device):
+        self.block_size = block_size
+        self.blocks_per_stream = blocks_per_stream
+        num_blocks = max_streams * blocks_per_stream
+        shape = (spec.num_layers, num_blocks, spec.n_kv_head, block_size, spec.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.conv = None
+        if spec.conv_cache_frames:
+            self.conv = torch.zeros(spec.num_layers, max_streams, spec.conv_cache_frames, spec.conv_channels,
+                                    dtype=dtype, device=device)
+        self.free_blocks: deque[int] = deque(range(num_blocks))
+
+    def nbytes(self) -> int:
+        total = self.k.nbytes + self.v.nbytes
+        return total + (self.conv.nbytes if self.conv is not None else 0)
+
+    def allocate(self) -> int:
+        return self.free_blocks.popleft()
+
+    def release(self, blocks: list[int]) -> None:
+        self.free_blocks.extend(blocks)
+        blocks.clear()
+
+    def gather(self, tables: list[list[int]]):
+        """Dense (k, v) per layer for a cohort: (B, H, T_cache, d) left-aligned, and lengths (B,)."""
+        width = max((len(t) for t in tables), default=0)
+        if width == 0:
+            return None, None
+        index = torch.tensor([t + [t[-1] if t else 0] * (width - len(t)) for t in tables], device=self.k.device)
+        lens = torch.tensor([len(t) * self.block_size for t in tables], device=self.k.device)
+        layers, _, heads, bs, d = self.k.shape
+        b = len(tables)
+
+        def dense(pool: torch.Tensor) -> torch.Tensor:
+            # (L, B, W, H, bs, d) → (L, B, H, W*bs, d)
+            picked = pool[:, index]
+            return picked.permute(0, 1, 3, 2, 4, 5).reshape(layers, b, heads, width * bs, d)
+
+        k, v = dense(self.k), dense(self.v)
+        return [(k[i], v[i]) for i in range(layers)], lens
+
+    def write(self, block: int, layer_kv: list[tuple[torch.Tensor, torch.Tensor]], row: int) -> None:
+        """Store one stream's chunk K/V (row ``row`` of each layer's (B, H, chunk, d)) in ``block``."""
+        for layer, (k, v) in enumerate(layer_kv):
+            self.k[layer, block] = k[row]
+            self.v[layer, block] = v[row]
+
+
+@attrs.define(eq=False)
+class Stream:
+    request_id: str
+    options: DecodingOptions
+    callback: Any
+    input_rate: int
+    arrival: float
+    resampler: Any = None
+    slot: int | None = None
+    pending: list[np.ndarray] = attrs.field(factory=list)
+    is_last: bool = False
+    flushed: bool = False
+    feats: list[torch.Tensor] = attrs.field(factory=list)
+    feat_frames: int = 0
+    feat_pos: int = 0
+    offset: int = 0
+    blocks: list[int] = attrs.field(factory=list)
+    state: Any = None
+    search: Any = None
+    hidden: list[torch.Tensor] = attrs.field(factory=list)
+    samples_in: int = 0
+    last_text: str = ""
+    overflow: bool = False
+    done: bool = False
+    output: RequestOutput | None = None
+    finished_event: threading.Event = attrs.field(factory=threading.Event)
+
+
+class StreamingExecutor:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        config = engine.config
+        model = engine.model
+        encoder = model.encoder
+        kind = encoder.streaming_kind
+        if kind == "none":
+            raise CapabilityError(
+                f"this {engine.loaded.architecture} checkpoint cannot stream (encoder.streaming_kind='none'); "
+                f"use service_mode='offline'", capability="streaming")
+        if kind not in ("paged", "slot", "stateful"):
+            raise CapabilityError(f"unknown streaming_kind {kind!r}", capability="streaming")
+        if "ctc" not in model.capabilities or not hasattr(model, "ctc_log_probs"):
+            raise CapabilityError(f"streaming needs a CTC head (ctc_log_probs); {type(model).__name__} has none",
+                                  capability="streaming")
+        if int(getattr(engine.feature_config, "lfr_m", 1)) != 1:
+            raise CapabilityError("streaming does not support LFR-stacked features", capability="streaming")
+        self.kind = kind
+        self.chunk_size = config.chunk_size
+        self.geometry = encoder.streaming_geometry(config.chunk_size)
+        self.context = encoder.right_context + 1
+        self.max_streams = config.max_streams
+        self.num_left_chunks = config.num_left_chunks
+        frame_s = engine.strategy.ctx.frame_shift * encoder.subsampling_rate
+        self.frame_seconds = frame_s
+        max_frames = math.ceil(config.max_stream_seconds / frame_s)
+        self.max_chunks = math.ceil(max_frames / self.chunk_size)
+        device = torch.device(config.device)
+        dtype = model.compute_dtype
+        self.pool: PagedKVPool | None = None
+        self.slot_states: dict[str, torch.Tensor] = {}
+        if kind == "paged":
+            blocks = self.num_left_chunks if self.num_left_chunks >= 0 else self.max_chunks
+            self.pool = PagedKVPool(model.cache_spec, max_streams=self.max_streams, blocks_per_stream=max(blocks, 1),
+                                    block_size=self.chunk_size, dtype=dtype, device=device)
+        elif kind == "slot":
+            for spec in encoder.streaming_state_specs:
+                shape = list(spec.shape)
+                shape[spec.slot_axis] = self.max_streams
+                self.slot_states[spec.name] = torch.full(shape, spec.fill_value, dtype=_dtype(spec.dtype),
+                                                         device=device)
+        from oasr.features import BatchedStreamingFeatureExtractor
+
+        self.extractor = BatchedStreamingFeatureExtractor(engine.feature_config, self.max_streams)
+        self.free_slots: deque[int] = deque(range(self.max_streams))
+        self.streams: dict[str, Stream] = {}
+        self.waiting: deque[Stream] = deque()
+        self.lock = threading.RLock()
+        self.step_lock = threading.Lock()
+        self.closed = False
+
+    # -- bookkeeping ---------------------------------------------------------------------------------
+    def pool_bytes(self) -> int:
+        total = self.pool.nbytes() if self.pool is not None else 0
+        return total + sum(t.nbytes for t in self.slot_states.values())
+
+    def active_streams(self) -> int:
+        with self.lock:
+            return sum(1 for s in self.streams.values() if s.slot is not None)
+
+    def has_work(self) -> bool:
+        with self.lock:
+            return bool(self.streams)
+
+    def add(self, *, request_id: str | None, sample_rate: int | None, decoding: DecodingOptions | None,
+            callback: Any) -> str:
+        if self.closed:
+            raise RequestError("the engine is shut down")
+        request_id = request_id or uuid.uuid4().hex
+        options = decoding or DecodingOptions()
+        self.engine.strategy.validate(options, request_id)
+        rate = int(sample_rate or self.engine.sample_rate)
+        if rate <= 0:
+            raise RequestError(f"sample_rate must be positive, got {rate}", request_id=request_id, param="sample_rate")
+        stream = Stream(request_id, options, callback, rate, time.monotonic())
+        if rate != self.engine.sample_rate:
+            import soxr
+
+            stream.resampler = soxr.ResampleStream(rate, self.engine.sample_rate, 1, dtype="float32")
+        with self.lock:
+            if request_id in self.streams:
+                raise RequestError(f"request id {request_id!r} is already in use", request_id=request_id)
+            if self.engine.config.max_queue is not None and len(self.waiting) >= self.engine.config.max_queue:
+                raise EngineFullError(f"the stream queue is full ({self.engine.config.max_queue} waiting streams)")
+            self.streams[request_id] = stream
+            self.waiting.append(stream)
+            self.engine.metrics.on_admit(0.0)
+        return request_id
+
+    def feed(self, request_id: str, samples: Any, *, is_last: bool = False) -> None:
+        with self.lock:
+            stream = self.streams.get(request_id)
+            if stream is None:
+                raise RequestError(f"no active stream {request_id!r}", request_id=request_id)
+            if stream.is_last:
+                raise RequestError(f"stream {request_id!r} already received its last chunk", request_id=request_id)
+        data = _as_mono_float(samples, request_id)
+        if stream.resampler is not None:
+            data = stream.resampler.resample_chunk(data, last=is_last)
+        with self.lock:
+            if data.size:
+                stream.pending.append(data)
+                stream.samples_in += data.size
+                self.engine.metrics.audio_seconds += data.size / self.engine.sample_rate
+            stream.is_last = stream.is_last or is_last
+
+    def abort(self, request_id: str) -> bool:
+        with self.lock:
+            stream = self.streams.get(request_id)
+            if stream is None:
+                return False
+            self._finish(stream, RequestOutput(request_id, text=stream.last_text, finished=True,
+                                               finish_reason="abort", duration=self._duration(stream)))
+            return True
+
+    def shutdown(self) -> None:
+        self.closed = True
+        for request_id in list(self.streams):
+            self.abort(request_id)
+
+    # -- stepping --------------------------------------------------------------------------------------
+    def _admit_waiting(self) -> None:
+        while self.waiting and self.free_slots:
+            stream = self.waiting.popleft()
+            if stream.done:
+                continue
+            stream.slot = self.free_slots.popleft()
+            self.extractor.reset(stream.slot)
+            self._reset_slot_state(stream.slot)
+            stream.search = self._new_search(stream)
+            if self.kind == "stateful":
+                stream.state = self.engine.model.encoder.init_stream_state(1, self.pool_device)
+
+    @property
+    def pool_device(self) -> torch.device:
+        return torch.device(self.engine.config.device)
+
+    def _reset_slot_state(self, slot: int) -> None:
+        specs = {s.name: s for s in self.engine.model.encoder.streaming_state_specs}
+        for name, tensor in self.slot_states.items():
+            spec = specs[name]
+            if not spec.persistent:
+                tensor.select(spec.slot_axis, slot).fill_(spec.fill_value)
+        if self.pool is not None and self.pool.conv is not None:
+            self.pool.conv[:, slot].zero_()
+
+    def _pull_features(self, stream: Stream) -> None:
+        if stream.pending:
+            audio = np.concatenate(stream.pending)
+            stream.pending.clear()
+            feats = self.extractor.process_chunk(stream.slot, torch.from_numpy(audio))
+            if feats is not None and feats.shape[0]:
+                stream.feats.append(feats)
+                stream.feat_frames += feats.shape[0]
+        if stream.is_last and not stream.flushed:
+            stream.flushed = True
+            feats = self.extractor.flush(stream.slot)
+            if feats is not None and feats.shape[0]:
+                stream.feats.append(feats)
+                stream.feat_frames += feats.shape[0]
+
+    def _window(self, stream: Stream) -> torch.Tensor | None:
+        """The stream's next feature window, or None if it is not ready."""
+        available = stream.feat_frames - stream.feat_pos
+        full = self.geometry.window_frames
+        if available < full and not (stream.flushed and available >= self.context):
+            return None
+        if len(stream.feats) > 1:
+            stream.feats = [torch.cat(stream.feats)]
+        buffer = stream.feats[0]
+        # keep only what later windows need: the buffer starts at feat_pos
+        window = buffer[: min(full, available)]
+        return window
+
+    def _consume(self, stream: Stream) -> None:
+        stride = self.geometry.stride_frames
+        buffer = stream.feats[0]
+        stream.feats = [buffer[stride:]] if buffer.shape[0] > stride else []
+        stream.feat_pos += stride
+        stream.feat_frames = stream.feat_pos + (stream.feats[0].shape[0] if stream.feats else 0)
+
+    def _finished_audio(self, stream: Stream) -> bool:
+        return stream.flushed and (stream.feat_frames - stream.feat_pos) < self.context
+
+    def step(self) -> list[RequestOutput]:
+        with self.step_lock:
+            with self.lock:
+                self._admit_waiting()
+                active = [s for s in self.streams.values() if s.slot is not None and not s.done]
+                for stream in active:
+                    self._pull_features(stream)
+                ready: list[tuple[Stream, torch.Tensor]] = []
+                for stream in active:
+                    window = self._window(stream)
+                    if window is not None:
+                        ready.append((stream, window))
+            outputs: list[RequestOutput] = []
+            if ready:
+                t0 = time.perf_counter()
+                with torch.inference_mode():
+                    hidden, lengths = self._forward(ready)
+                    log_probs = self.engine.model.ctc_log_probs(hidden).float().cpu()
+                t1 = time.perf_counter()
+                with self.lock:
+                    for row, (stream, _) in enumerate(ready):
+                        if stream.done:
+                            continue
+                        n = int(lengths[row])
+                        self._consume(stream)
+                        if n:
+                            if stream.search.keeps_hidden:
+                                stream.hidden.append(hidden[row, :n].detach().clone())
+                            stream.search.advance(log_probs[row, :n])
+                            stream.offset += n
+                        if stream.done:
+                            continue
+                        if stream.overflow:
+                            outputs.append(self._finish(stream, self._final_output(stream, reason="length")))
+                        elif self._finished_audio(stream):
+                            outputs.append(self._finalize(stream))
+                        else:
+                            outputs.extend(self._partial(stream))
+                self.engine.metrics.on_timings({"encoder": t1 - t0, "decode": time.perf_counter() - t1})
+                self.engine.metrics.on_batch(len(ready))
+            with self.lock:
+                for stream in [s for s in self.streams.values() if s.slot is not None and not s.done]:
+                    if self._finished_audio(stream) and not any(stream is r for r, _ in ready):
+                        outputs.append(self._finalize(stream))
+            return outputs
+
+    # -- backends --------------------------------------------------------------------------------------
+    def _forward(self, ready: list[tuple[Stream, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        model = self.engine.model
+        device = self.pool_device
+        dtype = model.compute_dtype
+        width = self.geometry.window_frames
+        feats = torch.zeros(len(ready), width, ready[0][1].shape[-1], dtype=dtype, device=device)
+        feat_lens = torch.zeros(len(ready), dtype=torch.long, device=device)
+        for row, (_, window) in enumerate(ready):
+            feats[row, : window.shape[0]] = window.to(device, dtype)
+            feat_lens[row] = window.shape[0]
+        offsets = torch.tensor([s.offset for s, _ in ready], device=device)
+        if self.kind == "paged":
+            return self._forward_paged(ready, feats, feat_lens, offsets)
+        if self.kind == "slot":
+            return self._forward_slot(ready, feats, feat_lens, offsets)
+        return self._forward_stateful(ready, feats, feat_lens)
+
+    def _forward_paged(self, ready, feats, feat_lens, offsets):
+        encoder = self.engine.model.encoder
+        pool = self.pool
+        streams = [s for s, _ in ready]
+        kv_cache, cache_lens = pool.gather([s.blocks for s in streams])
+        conv = None
+        slots = torch.tensor([s.slot for s in streams], device=feats.device)
+        if pool.conv is not None:
+            conv = pool.conv[:, slots]
+        out = encoder.forward_chunk(feats, offsets, kv_cache, conv, cache_lens=cache_lens, feat_lens=feat_lens)
+        with self.lock:
+            self._store_chunk(streams, out, slots)
+        return out.hidden, out.lengths
+
+    def _store_chunk(self, streams, out, slots) -> None:
+        pool = self.pool
+        for row, stream in enumerate(streams):
+            n = int(out.lengths[row])
+            if n == 0:
+                continue
+            if n != self.chunk_size:  # a short final chunk: its K/V is never read again
+                continue
+            if self.num_left_chunks >= 0 and len(stream.blocks) >= max(self.num_left_chunks, 0):
+                if self.num_left_chunks == 0:
+                    continue
+                pool.free_blocks.append(stream.blocks.pop(0))
+            elif len(stream.blocks) >= pool.blocks_per_stream:
+                stream.overflow = True  # finished with "length" once this step's outputs are in
+                continue
+            block = pool.allocate()
+            pool.write(block, [(k, v) for k, v in out.kv], row)
+            stream.blocks.append(block)
+        if pool.conv is not None and out.conv_cache is not None:
+            produced = out.lengths > 0
+            keep = produced.view(1, -1, 1, 1)
+            pool.conv[:, slots] = torch.where(keep, out.conv_cache.to(pool.conv.dtype), pool.conv[:, slots])
+
+    def _forward_slot(self, ready, feats, feat_lens, offsets):
+        encoder = self.engine.model.encoder
+        specs = {s.name: s for s in encoder.streaming_state_specs}
+        slots = torch.tensor([s.slot for s, _ in ready], device=feats.device)
+        states = {name: t.index_select(specs[name].slot_axis, slots) for name, t in self.slot_states.items()}
+        hidden, lengths, new_states = encoder.forward_chunk_slots(feats, feat_lens, offsets, states)
+        for name, tensor in new_states.items():
+            self.slot_states[name].index_copy_(specs[name].slot_axis, slots, tensor.to(self.slot_states[name].dtype))
+        return hidden, lengths
+
+    def _forward_stateful(self, ready, feats, feat_lens):
+        encoder = self.engine.model.encoder
+        required = self.chunk_size * self.num_left_chunks if self.num_left_chunks >= 0 else -1
+        hiddens, lens = [], []
+        for row, (stream, _) in enumerate(ready):
+            hidden, length, stream.state = encoder.forward_chunk_stateful(
+                feats[row:row + 1], stream.state, feat_lens=feat_lens[row:row + 1], required_cache_size=required)
+            hiddens.append(hidden[0])
+            lens.append(length[0])
+        width = max(h.shape[0] for h in hiddens)
+        out = feats.new_zeros(len(ready), width, hiddens[0].shape[-1])
+        for row, h in enumerate(hiddens):
+            out[row, : h.shape[0]] = h
+        return out, torch.stack(lens)
+
+    # -- search and outputs ----------------------------------------------------------------------------
+    def _new_search(self, stream: Stream):
+        return StreamSearch(self.engine.strategy, stream.options)
+
+    def _duration(self, stream: Stream) -> float:
+        return stream.samples_in / self.engine.sample_rate
+
+    def _partial(self, stream: Stream) -> list[RequestOutput]:
+        hyp = stream.search.best()
+        text = self.engine.tokenizer.decode(hyp.tokens)
+        if text == stream.last_text:
+            return []
+        stream.last_text = text
+        out = RequestOutput(stream.request_id, text=text, tokens=list(hyp.tokens), finished=False,
+                            duration=self._duration(stream))
+        if stream.callback is not None:
+            try:
+                stream.callback(out)
+            except Exception:
+                logger.exception("output callback of stream %s raised", stream.request_id)
+        return [out]
+
+    def _final_output(self, stream: Stream, *, reason: str = "stop") -> RequestOutput:
+        from oasr.engine.engine import build_output
+
+        hyp = stream.search.final(stream.hidden, self.frame_seconds)
+        out = build_output(stream.request_id, hyp, self.engine.tokenizer, stream.options, self._duration(stream))
+        out.finish_reason = reason
+        return out
+
+    def _finalize(self, stream: Stream) -> RequestOutput:
+        return self._finish(stream, self._final_output(stream))
+
+    def _finish(self, stream: Stream, output: RequestOutput) -> RequestOutput:
+        if stream.done:
+            return stream.output
+        stream.done = True
+        stream.output = output
+        if stream.slot is not None:
+            if self.pool is not None:
+                self.pool.release(stream.blocks)
+            self.free_slots.append(stream.slot)
+            stream.slot = None
+        stream.hidden.clear()
+        self.streams.pop(stream.request_id, None)
+        self.engine.metrics.on_finish(output.finish_reason or "stop")
+        stream.finished_event.set()
+        if stream.callback is not None:
+            try:
+                stream.callback(output)
+            except Exception:
+                logger.exception("output callback of stream %s raised", stream.request_id)
+        return output
+
+    # -- convenience -----------------------------------------------------------------------------------
+    def transcribe(self, items: list[Any], *, decoding, sample_rate, progress=None) -> list[RequestOutput]:
+        """Stream whole inputs through the streaming path in chunk-sized pieces."""
+        from oasr.audio import load
+
+        results: list[RequestOutput | None] = [None] * len(items)
+        ids = []
+        audio = []
+        for i, item in enumerate(items):
+            try:
+                samples = load(item, self.engine.sample_rate, sample_rate=sample_rate)
+            except Exception as exc:
+                results[i] = RequestOutput(uuid.uuid4().hex, finished=True, finish_reason="error", error=str(exc))
+                ids.append(None)
+                audio.append(None)
+                continue
+            ids.append(self.add(request_id=None, sample_rate=None, decoding=decoding, callback=None))
+            audio.append(samples)
+        piece = int(self.geometry.stride_frames * self.engine._hop)
+        cursors = [0] * len(items)
+        while True:
+            pending = False
+            for i, rid in enumerate(ids):
+                if rid is None or results[i] is not None:
+                    continue
+                stream = self.streams.get(rid)
+                if stream is not None and not stream.is_last:
+                    chunk = audio[i][cursors[i]: cursors[i] + piece]
+                    cursors[i] += piece
+                    self.feed(rid, chunk, is_last=cursors[i] >= audio[i].size)
+                pending = True
+            for out in self.step():
+                if out.finished:
+                    i = ids.index(out.request_id)
+                    results[i] = out
+                    if progress is not None:
+                        progress(out)
+            if not pending:
+                break
+        return results
+
+
+class StreamSearch:
+    """Per-stream CTC search state: incremental greedy or prefix beam.
+
+    Nothing proportional to the vocabulary is kept per frame; the encoder output is kept only for a
+    strategy that rescores the final n-best with it (``finalize_stream``).
+    """
+
+    def __init__(self, strategy, options: DecodingOptions):
+        self.strategy = strategy
+        self.options = options
+        self.blank = strategy.blank_id
+        self.state = None
+        if strategy._beam(options):
+            from oasr.decoding.ctc import CtcPrefixBeamState
+
+            beam = options.beam_size if (options.beam_size or 1) > 1 else strategy.options.beam_size
+            n_best = max(options.n_best, getattr(strategy, "stream_n_best", 1))
+            self.state = CtcPrefixBeamState(beam_size=beam, n_best=n_best, blank=self.blank)
+        self.keeps_hidden = getattr(strategy, "finalize_stream", None) is not None
+        self.tokens: list[int] = []
+        self.frames: list[int] = []
+        self.confidences: list[float] = []
+        self.prev = self.blank
+        self.seen = 0
+
+    def advance(self, log_probs: torch.Tensor) -> None:
+        if self.state is not None:
+            self.state.advance(log_probs)
+        else:
+            best, ids = log_probs.max(-1)
+            for t, (token, score) in enumerate(zip(ids.tolist(), best.exp().tolist())):
+                if token != self.blank and token != self.prev:
+                    self.tokens.append(token)
+                    self.frames.append(self.seen + t)
+                    self.confidences.append(score)
+                self.prev = token
+        self.seen += log_probs.shape[0]
+
+    def best(self) -> Hypothesis:
+        if self.state is not None:
+            results = self.state.results()
+            return results[0] if results else Hypothesis(tokens=[])
+        return Hypothesis(tokens=list(self.tokens), token_frames=list(self.frames),
+                          token_confidences=list(self.confidences))
+
+    def final(self, hidden: list[torch.Tensor], frame_seconds: float) -> Hypothesis:
+        if self.state is not None:
+            nbest = self.state.results()
+            hyp = nbest[0] if nbest else Hypothesis(tokens=[])
+            hyp.nbest = nbest
+        else:
+            hyp = self.best()
+        if self.keeps_hidden and hidden and hyp.nbest:
+            hyp = self.strategy.finalize_stream(torch.cat(hidden)[None], hyp.nbest, self.options)
+        self.strategy._finish_hypothesis(hyp, frame_seconds, self.options)
+        return hyp
+
+
+def _as_mono_float(samples: Any, request_id: str) -> np.ndarray:
+    if isinstance(samples, torch.Tensor):
+        samples = samples.detach().cpu().numpy()
+    if isinstance(samples, (bytes, bytearray, memoryview)):
+        data = np.frombuffer(bytes(samples), dtype="<i2").astype(np.float32) / 32768.0
+    else:
+        data = np.asarray(samples)
+        if data.dtype == np.int16:
+            data = data.astype(np.float32) / 32768.0
+        data = data.astype(np.float32, copy=False)
+    if data.ndim == 2:
+        data = data.mean(axis=0 if data.shape[0] < data.shape[1] else 1)
+    if data.ndim != 1:
+        raise RequestError(f"stream {request_id}: expected 1-D samples, got shape {data.shape}",
+                           request_id=request_id, param="samples")
+    if not np.isfinite(data).all():
+        raise RequestError(f"stream {request_id}: samples contain NaN or infinity", request_id=request_id,
+                           param="samples")
+    return np.ascontiguousarray(data)
