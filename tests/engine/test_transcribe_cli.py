@@ -65,7 +65,7 @@ def test_directory_to_files(tinyctc_dir, audio_dir, tmp_path, capsys, fmt):
             assert " ".join(s.content for s in subs) == text.strip()
             assert all(s.start <= s.end for s in subs)
         elif fmt == "vtt":
-            captions = webvtt.read_buffer(io.StringIO(body))
+            captions = webvtt.from_buffer(io.StringIO(body))
             assert " ".join(c.text for c in captions) == text.strip()
         elif fmt == "json":
             assert json.loads(body) == {"text": text}

@@ -143,7 +143,9 @@ class Engine:
     def _load_audio(self, audio: Any, sample_rate: int | None) -> torch.Tensor:
         from oasr.audio import load
 
-        samples = load(audio, self.sample_rate, sample_rate=sample_rate)
+        # the rate describes raw sample arrays; encoded audio (paths, bytes, files) carries its own
+        raw = isinstance(audio, (np.ndarray, torch.Tensor))
+        samples = load(audio, self.sample_rate, sample_rate=sample_rate if raw else None)
         return torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
 
     def _check_length(self, duration: float, request_id: str) -> None:

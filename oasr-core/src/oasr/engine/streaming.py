@@ -507,7 +507,8 @@ class StreamingExecutor:
         audio = []
         for i, item in enumerate(items):
             try:
-                samples = load(item, self.engine.sample_rate, sample_rate=sample_rate)
+                raw = isinstance(item, (np.ndarray, torch.Tensor))
+                samples = load(item, self.engine.sample_rate, sample_rate=sample_rate if raw else None)
             except Exception as exc:
                 results[i] = RequestOutput(uuid.uuid4().hex, finished=True, finish_reason="error", error=str(exc))
                 ids.append(None)
