@@ -34,7 +34,6 @@ import attrs
 import numpy as np
 import torch
 
-from oasr.decoding.types import Hypothesis
 from oasr.engine.options import DecodingOptions, RequestOutput
 from oasr.errors import CapabilityError, EngineFullError, RequestError
 
@@ -145,8 +144,12 @@ class StreamingExecutor:
                 f"use service_mode='offline'", capability="streaming")
         if kind not in ("paged", "slot", "stateful"):
             raise CapabilityError(f"unknown streaming_kind {kind!r}", capability="streaming")
-        if "ctc" not in model.capabilities or not hasattr(model, "ctc_log_probs"):
+        if not hasattr(model, "ctc_log_probs"):
             raise CapabilityError(f"streaming needs a CTC head (ctc_log_probs); {type(model).__name__} has none",
+                                  capability="streaming")
+        if not engine.strategy.supports_streaming():
+            raise CapabilityError(f"decode method {engine.strategy.family!r} has no streaming search; "
+                                  f"use service_mode='offline' or a streaming decode method such as 'ctc'",
                                   capability="streaming")
         if int(getattr(engine.feature_config, "lfr_m", 1)) != 1:
             raise CapabilityError("streaming does not support LFR-stacked features", capability="streaming")
@@ -445,7 +448,7 @@ class StreamingExecutor:
 
     # -- search and outputs ----------------------------------------------------------------------------
     def _new_search(self, stream: Stream):
-        return StreamSearch(self.engine.strategy, stream.options)
+        return self.engine.strategy.stream_search(stream.options)
 
     def _duration(self, stream: Stream) -> float:
         return stream.samples_in / self.engine.sample_rate
@@ -538,64 +541,6 @@ class StreamingExecutor:
             if not pending:
                 break
         return results
-
-
-class StreamSearch:
-    """Per-stream CTC search state: incremental greedy or prefix beam.
-
-    Nothing proportional to the vocabulary is kept per frame; the encoder output is kept only for a
-    strategy that rescores the final n-best with it (``finalize_stream``).
-    """
-
-    def __init__(self, strategy, options: DecodingOptions):
-        self.strategy = strategy
-        self.options = options
-        self.blank = strategy.blank_id
-        self.state = None
-        if strategy._beam(options):
-            from oasr.decoding.ctc import CtcPrefixBeamState
-
-            beam = options.beam_size if (options.beam_size or 1) > 1 else strategy.options.beam_size
-            n_best = max(options.n_best, getattr(strategy, "stream_n_best", 1))
-            self.state = CtcPrefixBeamState(beam_size=beam, n_best=n_best, blank=self.blank)
-        self.keeps_hidden = getattr(strategy, "finalize_stream", None) is not None
-        self.tokens: list[int] = []
-        self.frames: list[int] = []
-        self.confidences: list[float] = []
-        self.prev = self.blank
-        self.seen = 0
-
-    def advance(self, log_probs: torch.Tensor) -> None:
-        if self.state is not None:
-            self.state.advance(log_probs)
-        else:
-            best, ids = log_probs.max(-1)
-            for t, (token, score) in enumerate(zip(ids.tolist(), best.exp().tolist())):
-                if token != self.blank and token != self.prev:
-                    self.tokens.append(token)
-                    self.frames.append(self.seen + t)
-                    self.confidences.append(score)
-                self.prev = token
-        self.seen += log_probs.shape[0]
-
-    def best(self) -> Hypothesis:
-        if self.state is not None:
-            results = self.state.results()
-            return results[0] if results else Hypothesis(tokens=[])
-        return Hypothesis(tokens=list(self.tokens), token_frames=list(self.frames),
-                          token_confidences=list(self.confidences))
-
-    def final(self, hidden: list[torch.Tensor], frame_seconds: float) -> Hypothesis:
-        if self.state is not None:
-            nbest = self.state.results()
-            hyp = nbest[0] if nbest else Hypothesis(tokens=[])
-            hyp.nbest = nbest
-        else:
-            hyp = self.best()
-        if self.keeps_hidden and hidden and hyp.nbest:
-            hyp = self.strategy.finalize_stream(torch.cat(hidden)[None], hyp.nbest, self.options)
-        self.strategy._finish_hypothesis(hyp, frame_seconds, self.options)
-        return hyp
 
 
 def _as_mono_float(samples: Any, request_id: str) -> np.ndarray:

@@ -111,3 +111,13 @@ class DecodeStrategy:
 
     def decode(self, batch: DecodeBatch) -> list[Hypothesis | BaseException]:
         raise NotImplementedError
+
+    # -- streaming ---------------------------------------------------------------------------------
+    def stream_search(self, options: DecodingOptions) -> Any:
+        """A per-stream search: ``advance(log_probs (T, V))``, ``best() -> Hypothesis`` (the partial),
+        ``final(hidden_chunks, frame_seconds) -> Hypothesis`` and ``keeps_hidden`` (whether the
+        stream must keep its encoder output for ``final``).  Families that cannot stream keep this."""
+        raise NotImplementedError(f"decode method {self.family!r} has no streaming search")
+
+    def supports_streaming(self) -> bool:
+        return type(self).stream_search is not DecodeStrategy.stream_search

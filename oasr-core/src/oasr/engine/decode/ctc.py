@@ -6,6 +6,7 @@ import time
 from typing import Literal
 
 import attrs
+import torch
 
 from oasr.decoding.types import Hypothesis
 from oasr.engine.decode.base import DecodeBatch, DecodeStrategy
@@ -41,9 +42,17 @@ class CtcDecodeStrategy(DecodeStrategy):
                 raise RequestError(f"hotwords cannot be tokenized by this model's tokenizer: {exc}",
                                    request_id=request_id, param="hotwords") from exc
 
+    def stream_search(self, options) -> CtcStreamSearch:
+        return CtcStreamSearch(self, options)
+
     def _beam(self, options) -> bool:
         return (self.options.search == "prefix_beam" or (options.beam_size or 1) > 1 or options.n_best > 1
                 or bool(options.hotwords))
+
+    def context_graph(self, hotwords):
+        from oasr.decoding.context import ContextGraph
+
+        return ContextGraph(self._hotword_ids(hotwords), score=self.options.hotword_score)
 
     def _hotword_ids(self, hotwords) -> list[list[int]]:
         return [self.ctx.tokenizer.encode(word) for word in hotwords]
@@ -83,11 +92,7 @@ class CtcDecodeStrategy(DecodeStrategy):
                 beam = o.beam_size if (o.beam_size or 1) > 1 else self.options.beam_size
                 groups.setdefault((beam, o.n_best, o.hotwords), []).append(i)
         for (beam, n_best, hotwords), rows in groups.items():
-            context = None
-            if hotwords:
-                from oasr.decoding.context import ContextGraph
-
-                context = ContextGraph(self._hotword_ids(hotwords), score=self.options.hotword_score)
+            context = self.context_graph(hotwords) if hotwords else None
             nbests = ctc_prefix_beam_search(log_probs[rows], lengths[rows], beam_size=beam, n_best=max(n_best, 1),
                                             blank=self.blank_id,
                                             blank_skip_threshold=self.options.blank_skip_threshold, context=context)
@@ -113,3 +118,64 @@ class CtcDecodeStrategy(DecodeStrategy):
         if options.word_timestamps and hyp.token_frames is not None:
             hyp.words = words_from_tokens(hyp.tokens, hyp.token_frames, hyp.token_confidences, self.ctx.tokenizer,
                                           frame_shift_seconds=frame)
+
+
+class CtcStreamSearch:
+    """Per-stream CTC search state: incremental greedy or prefix beam.
+
+    Nothing proportional to the vocabulary is kept per frame; the encoder output is kept only for a
+    strategy that rescores the final n-best with it (``finalize_stream``).
+    """
+
+    def __init__(self, strategy: CtcDecodeStrategy, options):
+        self.strategy = strategy
+        self.options = options
+        self.blank = strategy.blank_id
+        self.state = None
+        if strategy._beam(options):
+            from oasr.decoding.ctc import CtcPrefixBeamState
+
+            beam = options.beam_size if (options.beam_size or 1) > 1 else strategy.options.beam_size
+            self.n_best = max(options.n_best, getattr(strategy, "stream_n_best", 1))
+            context = strategy.context_graph(options.hotwords) if options.hotwords else None
+            self.state = CtcPrefixBeamState(beam_size=beam, blank=self.blank, context=context,
+                                            blank_skip_threshold=strategy.options.blank_skip_threshold)
+        self.keeps_hidden = getattr(strategy, "finalize_stream", None) is not None
+        self.tokens: list[int] = []
+        self.frames: list[int] = []
+        self.confidences: list[float] = []
+        self.prev = self.blank
+        self.seen = 0
+
+    def advance(self, log_probs: torch.Tensor) -> None:
+        if self.state is not None:
+            self.state.advance(log_probs)
+        else:
+            best, ids = log_probs.max(-1)
+            for t, (token, score) in enumerate(zip(ids.tolist(), best.exp().tolist())):
+                if token != self.blank and token != self.prev:
+                    self.tokens.append(token)
+                    self.frames.append(self.seen + t)
+                    self.confidences.append(score)
+                self.prev = token
+        self.seen += log_probs.shape[0]
+
+    def best(self) -> Hypothesis:
+        if self.state is not None:
+            results = self.state.results(1)
+            return results[0] if results else Hypothesis(tokens=[])
+        return Hypothesis(tokens=list(self.tokens), token_frames=list(self.frames),
+                          token_confidences=list(self.confidences))
+
+    def final(self, hidden: list[torch.Tensor], frame_seconds: float) -> Hypothesis:
+        if self.state is not None:
+            nbest = self.state.results(self.n_best)
+            hyp = nbest[0] if nbest else Hypothesis(tokens=[])
+            hyp.nbest = nbest
+        else:
+            hyp = self.best()
+        if self.keeps_hidden and hidden and hyp.nbest:
+            hyp = self.strategy.finalize_stream(torch.cat(hidden)[None], hyp.nbest, self.options)
+            return hyp
+        self.strategy._finish_hypothesis(hyp, frame_seconds, self.options)
+        return hyp
