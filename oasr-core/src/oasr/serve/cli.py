@@ -1,0 +1,121 @@
+"""``oasr serve``: run the OpenAI-compatible HTTP/WebSocket server on one model.
+
+The model loads before the server binds, so a bad ``--model`` fails at once with a clear error.
+SIGINT/SIGTERM stop accepting connections; in-flight requests get ``--shutdown-grace`` seconds.
+This module imports no web framework until :func:`run` (``oasr --help`` stays fast).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", "-m", default=None,
+                        help="checkpoint directory, alias or hub id (default: the embedded default model)")
+    parser.add_argument("--architecture", default=None, help="force an architecture instead of detecting one")
+
+    server = parser.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1, loopback only)")
+    server.add_argument("--port", type=int, default=8000)
+    server.add_argument("--api-key", default=os.environ.get("OASR_API_KEY"),
+                        help="require 'Authorization: Bearer KEY' on /v1/* (default: $OASR_API_KEY; none: open)")
+    server.add_argument("--served-model-name", action="append", default=None, metavar="NAME",
+                        help="name clients pass as 'model' (repeat for aliases; default: the --model id, or a "
+                             "local directory's name); any other name gets 404")
+    server.add_argument("--max-upload-mb", type=float, default=25.0, help="largest audio upload (default: 25, as OpenAI)")
+    server.add_argument("--max-audio-seconds", type=float, default=None, help="refuse longer audio (400)")
+    server.add_argument("--max-concurrency", type=int, default=64,
+                        help="requests in flight at once; more get 429 (there is no unbounded queue)")
+    server.add_argument("--request-timeout", type=float, default=600.0, help="abort a request after this many seconds")
+    server.add_argument("--shutdown-grace", type=float, default=30.0,
+                        help="seconds in-flight requests get to finish on shutdown")
+    server.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    server.add_argument("--no-access-log", action="store_true", help="do not log each request")
+
+    engine = parser.add_argument_group("engine")
+    engine.add_argument("--device", default="cpu")
+    engine.add_argument("--dtype", default=None, help="compute dtype (default: the model's)")
+    engine.add_argument("--quantization", default=None, choices=("int8",), help="weight quantization")
+    engine.add_argument("--max-batch-size", "--batch-size", dest="max_batch_size", type=int, default=16,
+                        help="requests decoded together (cross-request batching; 1 disables it)")
+    engine.add_argument("--max-batch-frames", type=int, default=None, help="cap on padded feature frames per batch")
+    engine.add_argument("--max-wait-time", type=float, default=0.005,
+                        help="seconds a partial batch waits for more requests")
+    engine.add_argument("--schedule-policy", default="bucket", choices=("fcfs", "bucket", "sjf"))
+    engine.add_argument("--decode-method", default=None, help="decode family (default: the model's)")
+    engine.add_argument("--decode-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="decode strategy option (VALUE parsed as JSON when it is JSON); repeatable")
+    engine.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+
+    streaming = parser.add_argument_group("streaming")
+    streaming.add_argument("--streaming", action="store_true",
+                           help="run the streaming engine (natively streaming models): partial results on "
+                                "stream=true and on the realtime WebSocket")
+    streaming.add_argument("--chunk-size", type=int, default=16, help="decoding chunk (encoder frames)")
+    streaming.add_argument("--num-left-chunks", type=int, default=-1, help="left chunks of context (-1: all)")
+    streaming.add_argument("--max-streams", type=int, default=32, help="streams open at once")
+    streaming.add_argument("--max-stream-seconds", type=float, default=600.0, help="longest stream")
+
+
+def _decode_options(pairs: list[str]) -> dict[str, Any]:
+    from oasr.errors import ConfigError
+
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--decode-option expects KEY=VALUE, got {pair!r}", key="decode_option")
+        try:
+            options[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            options[key] = raw
+    return options
+
+
+def build_configs(args: argparse.Namespace):
+    """(EngineConfig, ServerSettings) from parsed arguments; a bad value raises ConfigError."""
+    from oasr.engine import EngineConfig
+    from oasr.errors import ConfigError
+    from oasr.serve.settings import ServerSettings
+
+    try:
+        config = EngineConfig(
+            model=args.model, architecture=args.architecture, device=args.device, dtype=args.dtype,
+            quantization=args.quantization, service_mode="streaming" if args.streaming else "offline",
+            max_batch_size=args.max_batch_size, max_batch_frames=args.max_batch_frames,
+            max_wait_time=args.max_wait_time, schedule_policy=args.schedule_policy,
+            max_queue=args.max_concurrency, max_audio_seconds=args.max_audio_seconds,
+            decode_method=args.decode_method, decode_options=_decode_options(args.decode_option),
+            num_threads=args.threads, chunk_size=args.chunk_size, num_left_chunks=args.num_left_chunks,
+            max_streams=args.max_streams, max_stream_seconds=args.max_stream_seconds)
+        settings = ServerSettings(
+            served_model_names=tuple(args.served_model_name or ()), api_key=args.api_key or None,
+            max_upload_bytes=int(args.max_upload_mb * 2**20), max_concurrency=args.max_concurrency,
+            request_timeout=args.request_timeout, shutdown_grace=args.shutdown_grace)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"invalid server option: {exc}") from None
+    return config, settings
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from oasr.engine import Engine
+    from oasr.serve.app import create_app
+
+    config, settings = build_configs(args)
+    engine = Engine(config)
+    app = create_app(engine, settings)
+    names = ", ".join(app.state.oasr.model_names)
+    print(f"oasr: serving {names} ({engine.loaded.architecture}, {engine.decode_method}, {config.service_mode}) "
+          f"on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level, access_log=not args.no_access_log,
+        timeout_graceful_shutdown=settings.shutdown_grace, ws_max_size=settings.realtime_max_message_bytes))
+    server.run()
+    return 0

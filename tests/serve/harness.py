@@ -1,0 +1,132 @@
+"""Helpers for the server tests: real uvicorn servers on 127.0.0.1 around tiny in-process engines.
+
+Each server runs uvicorn in a thread on a socket bound here (a free port, loopback only) and owns its
+engine (one engine loop thread per engine).  ``gated`` makes an engine's decode wait for a gate the
+test opens, which holds requests in flight deterministically (saturation, disconnects, shutdown).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+from oasr.engine import Engine, EngineConfig
+from oasr.models import list_models, register_model, unregister_model
+from oasr.serve.app import create_app
+from oasr.serve.settings import ServerSettings
+
+from tests.helpers import REPO, ensure_tinyctc_importable
+
+ensure_tinyctc_importable()
+
+from oasr_tinyctc.convert import write_checkpoint  # noqa: E402
+
+API_KEY = "test-key"
+MODEL_NAME = "tinyctc-test"
+SAMPLE = REPO / "samples" / "sample.wav"
+#: every wait in these tests is bounded by this many seconds
+WAIT = 30.0
+
+
+class ServerThread:
+    """uvicorn serving ``app`` on 127.0.0.1 in a daemon thread."""
+
+    def __init__(self, app, *, grace: float = 5.0):
+        import uvicorn
+
+        self.app = app
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace, ws_max_size=16 * 2**20)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def state(self):
+        return self.app.state.oasr
+
+    def start(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + WAIT
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(WAIT)
+        self.sock.close()
+
+
+def tinyctc_engine(path: Path, **config) -> Engine:
+    """An engine on a random tinyctc checkpoint (the architecture is registered only while it loads)."""
+    registered = "tinyctc" in list_models()
+    if not registered:
+        register_model("tinyctc", "oasr_tinyctc.model:TinyCtcModel", "oasr_tinyctc.model:TinyCtcConfig",
+                       "oasr_tinyctc.convert:TinyCtcConverter", distribution="tests")
+    try:
+        if not (path / "tinyctc.json").exists():
+            write_checkpoint(path, seed=1)
+        return Engine(EngineConfig(model=str(path), **config))
+    finally:
+        if not registered:
+            unregister_model("tinyctc")
+
+
+@contextlib.contextmanager
+def serving(engine: Engine, **settings) -> Iterator[ServerThread]:
+    settings.setdefault("served_model_names", (MODEL_NAME,))
+    server = ServerThread(create_app(engine, ServerSettings(**settings)), grace=settings.get("shutdown_grace", 5.0))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def gated(engine: Engine) -> Iterator[threading.Event]:
+    """Hold every decode of ``engine`` until the yielded event is set (always set on exit)."""
+    gate = threading.Event()
+    original = engine.strategy.decode
+
+    def decode(batch):
+        if not gate.wait(WAIT):
+            raise RuntimeError("test gate was never opened")
+        return original(batch)
+
+    engine.strategy.decode = decode
+    try:
+        yield gate
+    finally:
+        gate.set()
+        engine.strategy.decode = original
+
+
+def wav_bytes(samples: np.ndarray, rate: int = 16000, subtype: str = "PCM_16") -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, samples, rate, format="WAV", subtype=subtype)
+    return buf.getvalue()
+
+
+def wait_until(predicate, what: str, timeout: float = WAIT) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
