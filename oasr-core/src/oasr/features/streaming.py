@@ -1,0 +1,137 @@
+"""``BatchedStreamingFeatureExtractor``: features of B parallel audio streams fed in chunks.
+
+Each slot holds a sample buffer that starts with the framing's ``prefill`` zeros.  A chunk is scaled by
+``audio_scale`` and appended; every frame that now fits (``StreamingFraming.frames_in``) is computed —
+for all slots of the call in one batched extractor call — and returned, and the consumed samples are
+dropped (the buffer keeps ``history`` samples of context before the next frame).  ``flush`` appends the
+framing's ``postfill`` zeros (as zeros after any per-sample transform: the extractor sees them as past
+the valid length), returns the last frames and resets the slot for its next stream.
+
+Everything comes from the extractor's declared :class:`~oasr.features.StreamingFraming`, so for every
+chunking of a signal the frames equal the offline features of the whole signal exactly (the built-in
+extractors compute a frame identically wherever it falls in a batch).  A frontend without framing
+(``whisper_logmel``, Kaldi with ``snip_edges=False``), LFR and per-utterance normalization are refused
+at construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from oasr.errors import CapabilityError
+from oasr.features.config import FeatureConfig
+from oasr.features.normalize import normalize_features
+from oasr.features.pipeline import extractor_for
+
+
+class BatchedStreamingFeatureExtractor:
+    """Chunked feature extraction for ``batch_size`` stream slots (see the module docstring)."""
+
+    def __init__(self, config: FeatureConfig, batch_size: int, *, device: torch.device | str = "cpu"):
+        extractor = extractor_for(config)
+        if extractor.framing is None:
+            raise CapabilityError(
+                f"feature_type {config.feature_type!r} cannot stream with this config: the frontend declares no "
+                f"StreamingFraming for it (fixed window, reflected edges or whole-utterance statistics)",
+                capability="streaming")
+        if config.lfr_m != 1 or config.lfr_n != 1:
+            raise CapabilityError(f"LFR stacking (lfr_m={config.lfr_m}, lfr_n={config.lfr_n}) is offline only",
+                                  capability="streaming")
+        if config.normalize == "per_feature":
+            raise CapabilityError("normalize='per_feature' needs the whole utterance and cannot stream",
+                                  capability="streaming")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.config = config
+        self.batch_size = batch_size
+        self.device = torch.device(device)
+        self.framing = extractor.framing
+        self._extractor = extractor
+        self._fn = extractor.streaming_fn or extractor.fn
+        self.feature_dim = extractor.feature_dim
+        self._buffers: list[torch.Tensor] = [self._fresh_buffer() for _ in range(batch_size)]
+        self._frames_emitted = [0] * batch_size
+        self._samples_seen = [0] * batch_size
+
+    # --- slots ---------------------------------------------------------------------------------
+    def _fresh_buffer(self) -> torch.Tensor:
+        return torch.zeros(self.framing.prefill, device=self.device)
+
+    def reset(self, slots: int | Sequence[int] | None = None) -> None:
+        """Forget the given slots' streams (all slots when None), ready for new streams."""
+        for slot in self._slots(range(self.batch_size) if slots is None else slots):
+            self._buffers[slot] = self._fresh_buffer()
+            self._frames_emitted[slot] = 0
+            self._samples_seen[slot] = 0
+
+    def frames_emitted(self, slot: int) -> int:
+        return self._frames_emitted[slot]
+
+    def samples_seen(self, slot: int) -> int:
+        return self._samples_seen[slot]
+
+    def _slots(self, slots: int | Sequence[int]) -> list[int]:
+        listed = [slots] if isinstance(slots, (int, np.integer)) else list(slots)
+        for slot in listed:
+            if not 0 <= int(slot) < self.batch_size:
+                raise IndexError(f"stream slot {slot} outside [0, {self.batch_size})")
+        if len(set(listed)) != len(listed):
+            raise ValueError(f"stream slots repeat in one call: {listed}")
+        return [int(s) for s in listed]
+
+    # --- feeding -------------------------------------------------------------------------------
+    def process_chunk(self, slots: int | Sequence[int],
+                      samples: torch.Tensor | np.ndarray | Sequence[torch.Tensor | np.ndarray]
+                      ) -> torch.Tensor | list[torch.Tensor]:
+        """Append a chunk of [-1, 1] samples to each slot; return the new frames, (n_i, F) per slot.
+
+        ``slots`` an int with ``samples`` a 1-D chunk returns one tensor; a sequence of slots with a
+        sequence of chunks returns a list.
+        """
+        single = isinstance(slots, (int, np.integer))
+        slot_list = self._slots(slots)
+        chunks = [samples] if single else list(samples)
+        if len(chunks) != len(slot_list):
+            raise ValueError(f"{len(chunks)} chunks for {len(slot_list)} slots")
+        for slot, chunk in zip(slot_list, chunks):
+            chunk = torch.as_tensor(chunk, dtype=torch.float32).reshape(-1).to(self.device)
+            if self.config.audio_scale != 1.0:
+                chunk = chunk * self.config.audio_scale
+            self._buffers[slot] = torch.cat([self._buffers[slot], chunk])
+            self._samples_seen[slot] += chunk.numel()
+        frames = self._emit(slot_list, postfill=False)
+        return frames[0] if single else frames
+
+    def flush(self, slots: int | Sequence[int]) -> torch.Tensor | list[torch.Tensor]:
+        """End the given slots' streams: return their remaining frames and reset the slots."""
+        single = isinstance(slots, (int, np.integer))
+        slot_list = self._slots(slots)
+        frames = self._emit(slot_list, postfill=True)
+        self.reset(slot_list)
+        return frames[0] if single else frames
+
+    def _emit(self, slots: list[int], *, postfill: bool) -> list[torch.Tensor]:
+        framing = self.framing
+        tail = framing.postfill if postfill else 0
+        valid = [self._buffers[s].numel() for s in slots]
+        ready = [framing.frames_in(n + tail) for n in valid]
+        results = [torch.zeros(0, self.feature_dim, device=self.device) for _ in slots]
+        todo = [i for i, n in enumerate(ready) if n > 0]
+        if todo:
+            width = max(valid[i] + tail for i in todo)
+            batch = torch.zeros(len(todo), width, device=self.device)
+            for row, i in enumerate(todo):
+                batch[row, :valid[i]] = self._buffers[slots[i]]
+            lengths = torch.tensor([valid[i] for i in todo], dtype=torch.long)
+            feats, _ = self._fn(batch, lengths, self.config)
+            counts = torch.tensor([ready[i] for i in todo], dtype=torch.long)
+            feats = normalize_features(feats, counts, self.config)
+            for row, i in enumerate(todo):
+                slot, n = slots[i], ready[i]
+                results[i] = feats[row, :n]
+                self._frames_emitted[slot] += n
+                self._buffers[slot] = self._buffers[slot][n * framing.hop:].clone()
+        return results
