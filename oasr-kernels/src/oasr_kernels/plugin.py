@@ -7,4 +7,6 @@ from oasr.hookspecs import hookimpl
 
 @hookimpl
 def oasr_register_kernels(register) -> None:
-    """Nothing registered yet."""
+    """CTC prefix beam search: the batched offline search and the per-stream state."""
+    register("ctc_prefix_beam_search", "oasr_kernels.ctc:ctc_prefix_beam_search")
+    register("ctc_prefix_beam_state", "oasr_kernels.ctc:PrefixBeamState")
