@@ -102,12 +102,12 @@ def account_for_load(report: LoadReport, converter: CheckpointConverter | None, 
     fired: dict[str, str] = {}
     unexplained: list[str] = []
     for key in report.dropped:
-        if key.startswith(tuple(unused_prefixes)):
-            continue
+        if key.startswith(tuple(unused_prefixes)) or (computed and key.endswith(computed)):
+            continue  # declared unused, or a computed buffer (positional tables) the model rebuilds
         hit = next((p for p in hints if key.startswith(p)), None)
         if hit is not None:
             fired[hit] = hints[hit]
-        elif not key.endswith(computed):
+        else:
             unexplained.append(key)
     for prefix, message in fired.items():
         warnings.warn(f"{source}: checkpoint tensors under {prefix!r} were not loaded: {message}",

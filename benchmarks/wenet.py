@@ -1,0 +1,256 @@
+"""Offline throughput of the OASR WeNet Conformer against the same graph written the way WeNet writes it.
+
+WeNet cannot be installed here, so the peer is a plain torch-eager transcription of WeNet's
+``ConformerEncoder`` + ``CTC`` op sequence (``nn.Linear``/``nn.Conv1d``/``nn.Conv2d``, explicit
+``matmul`` + masked softmax relative-position attention, (B, C, T) convolution module), loaded with the
+*same* weights in WeNet's key layout; the script first checks both produce the same log-probs.
+
+The model is WeNet-sized (12 blocks, d=256, 4 heads, FFN 2048, kernel 15, causal, vocab 5000, random
+weights).  Batches of varied length (2–16 s, bucketed by length as the engine does) run in one thread;
+the peers alternate batch by batch and each batch counts its best repeat (a co-tenant only adds time).  Printed: audio seconds per wall
+second for each, their ratio, and the machine.
+
+It also measures what sequence packing could buy at most: the padded batch against the same rows run
+one by one (no padding work at all).
+
+Usage: python benchmarks/wenet.py [--batches 6] [--batch-size 8] [--repeats 2] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from oasr_models_wenet.config import ConformerEncoderConfig, ConformerModelConfig
+from oasr_models_wenet.model import ConformerModel
+
+FRAME_SECONDS = 0.01
+
+
+# -- the peer: WeNet's graph, eager, in WeNet's style -------------------------------------------------
+class PeerFeedForward(nn.Module):
+    def __init__(self, d: int, hidden: int):
+        super().__init__()
+        self.w_1, self.w_2, self.activation = nn.Linear(d, hidden), nn.Linear(hidden, d), nn.SiLU()
+
+    def forward(self, x):
+        return self.w_2(self.activation(self.w_1(x)))
+
+
+class PeerRelAttention(nn.Module):
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.h, self.d_k = heads, d // heads
+        self.linear_q, self.linear_k, self.linear_v, self.linear_out = (nn.Linear(d, d) for _ in range(4))
+        self.linear_pos = nn.Linear(d, d, bias=False)
+        self.pos_bias_u = nn.Parameter(torch.zeros(heads, self.d_k))
+        self.pos_bias_v = nn.Parameter(torch.zeros(heads, self.d_k))
+
+    def forward(self, x, mask, pos_emb):
+        b, t, d = x.shape
+        q = self.linear_q(x).view(b, t, self.h, self.d_k)
+        k = self.linear_k(x).view(b, t, self.h, self.d_k).transpose(1, 2)
+        v = self.linear_v(x).view(b, t, self.h, self.d_k).transpose(1, 2)
+        p = self.linear_pos(pos_emb).view(1, t, self.h, self.d_k).transpose(1, 2)
+        ac = torch.matmul((q + self.pos_bias_u).transpose(1, 2), k.transpose(-2, -1))
+        bd = torch.matmul((q + self.pos_bias_v).transpose(1, 2), p.transpose(-2, -1))
+        scores = (ac + bd) / math.sqrt(self.d_k)
+        hidden = ~mask.unsqueeze(1)
+        attn = torch.softmax(scores.masked_fill(hidden, -float("inf")).float(), dim=-1).masked_fill(hidden, 0.0)
+        out = torch.matmul(attn, v).transpose(1, 2).contiguous().view(b, t, d)
+        return self.linear_out(out)
+
+
+class PeerConvModule(nn.Module):
+    def __init__(self, d: int, kernel: int):
+        super().__init__()
+        self.lorder = kernel - 1
+        self.pointwise_conv1 = nn.Conv1d(d, 2 * d, 1)
+        self.depthwise_conv = nn.Conv1d(d, d, kernel, groups=d)
+        self.norm = nn.LayerNorm(d)
+        self.activation = nn.SiLU()
+        self.pointwise_conv2 = nn.Conv1d(d, d, 1)
+
+    def forward(self, x, mask_pad):
+        x = x.transpose(1, 2).masked_fill(~mask_pad, 0.0)
+        x = F.pad(x, (self.lorder, 0))
+        x = F.glu(self.pointwise_conv1(x), dim=1)
+        x = self.depthwise_conv(x).transpose(1, 2)
+        x = self.activation(self.norm(x)).transpose(1, 2)
+        x = self.pointwise_conv2(x).masked_fill(~mask_pad, 0.0)
+        return x.transpose(1, 2)
+
+
+class PeerLayer(nn.Module):
+    def __init__(self, d: int, heads: int, hidden: int, kernel: int):
+        super().__init__()
+        self.self_attn = PeerRelAttention(d, heads)
+        self.feed_forward, self.feed_forward_macaron = PeerFeedForward(d, hidden), PeerFeedForward(d, hidden)
+        self.conv_module = PeerConvModule(d, kernel)
+        for name in ("norm_ff", "norm_mha", "norm_ff_macaron", "norm_conv", "norm_final"):
+            setattr(self, name, nn.LayerNorm(d))
+
+    def forward(self, x, mask, pos_emb, mask_pad):
+        x = x + 0.5 * self.feed_forward_macaron(self.norm_ff_macaron(x))
+        x = x + self.self_attn(self.norm_mha(x), mask, pos_emb)
+        x = x + self.conv_module(self.norm_conv(x), mask_pad)
+        x = x + 0.5 * self.feed_forward(self.norm_ff(x))
+        return self.norm_final(x)
+
+
+class PeerConformer(nn.Module):
+    """Encoder + CTC with WeNet's module tree (so WeNet-layout weights load with strict=True)."""
+
+    def __init__(self, cfg: ConformerEncoderConfig, vocab: int):
+        super().__init__()
+        d = cfg.output_size
+        self.encoder = nn.Module()
+        self.encoder.global_cmvn = nn.Module()
+        self.encoder.global_cmvn.register_buffer("mean", torch.zeros(cfg.input_dim))
+        self.encoder.global_cmvn.register_buffer("istd", torch.ones(cfg.input_dim))
+        self.encoder.embed = nn.Module()
+        self.encoder.embed.conv = nn.Sequential(nn.Conv2d(1, d, 3, 2), nn.ReLU(), nn.Conv2d(d, d, 3, 2), nn.ReLU())
+        self.encoder.embed.out = nn.Sequential(nn.Linear(d * (((cfg.input_dim - 1) // 2 - 1) // 2), d))
+        self.encoder.encoders = nn.ModuleList(
+            PeerLayer(d, cfg.attention_heads, cfg.linear_units, cfg.cnn_module_kernel) for _ in range(cfg.num_blocks))
+        self.encoder.after_norm = nn.LayerNorm(d)
+        self.ctc = nn.Module()
+        self.ctc.ctc_lo = nn.Linear(d, vocab)
+        position = torch.arange(5000, dtype=torch.float32).unsqueeze(1)
+        div = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * -(math.log(10000.0) / d))
+        pe = torch.zeros(5000, d)
+        pe[:, 0::2], pe[:, 1::2] = torch.sin(position * div), torch.cos(position * div)
+        self.register_buffer("pe", pe.unsqueeze(0), persistent=False)
+        self.d = d
+
+    def forward(self, feats, lens):
+        enc = self.encoder
+        masks = (torch.arange(feats.size(1))[None, :] < lens[:, None]).unsqueeze(1)
+        x = (feats - enc.global_cmvn.mean) * enc.global_cmvn.istd
+        x = enc.embed.conv(x.unsqueeze(1))
+        b, c, t, f = x.shape
+        x = enc.embed.out(x.transpose(1, 2).contiguous().view(b, t, c * f)) * math.sqrt(self.d)
+        masks = masks[:, :, 2::2][:, :, 2::2]
+        pos_emb = self.pe[:, :t]
+        for layer in enc.encoders:
+            x = layer(x, masks, pos_emb, masks)
+        x = enc.after_norm(x)
+        return F.log_softmax(self.ctc.ctc_lo(x), dim=2), masks.squeeze(1).sum(1)
+
+
+# -- set-up ---------------------------------------------------------------------------------------------
+def wenet_sized() -> ConformerModelConfig:
+    encoder = ConformerEncoderConfig(input_dim=80, output_size=256, attention_heads=4, linear_units=2048,
+                                     num_blocks=12, cnn_module_kernel=15, causal=True, cnn_module_norm="layer_norm",
+                                     use_dynamic_chunk=True)
+    return ConformerModelConfig(vocab_size=5000, encoder=encoder)
+
+
+def build(seed: int = 0) -> tuple[ConformerModel, PeerConformer]:
+    torch.manual_seed(seed)
+    config = wenet_sized()
+    model = ConformerModel(config).eval()
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if name.endswith(("pos_bias_u", "pos_bias_v")):
+                tensor.normal_(0, 0.1)
+            elif name.endswith("global_cmvn.mean"):
+                tensor.normal_(10, 1)
+            elif name.endswith("global_cmvn.istd"):
+                tensor.uniform_(0.2, 0.4)
+    peer = PeerConformer(config.encoder, config.vocab_size).eval()
+    wenet_layout = {k.replace("encoder.embed.out.", "encoder.embed.out.0."): v
+                    for k, v in model.state_dict().items()}
+    peer.load_state_dict(wenet_layout, strict=True)
+    return model, peer
+
+
+def make_batches(n_batches: int, batch_size: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Utterances of 2–16 s, sorted by length and cut into batches (the engine's bucketing)."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = sorted(int(x) for x in torch.randint(200, 1600, (n_batches * batch_size,), generator=gen))
+    batches = []
+    for i in range(n_batches):
+        rows = lengths[i * batch_size:(i + 1) * batch_size]
+        feats = torch.randn(len(rows), max(rows), 80, generator=gen) * 3 + 10
+        batches.append((feats, torch.tensor(rows)))
+    return batches
+
+
+def machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{model}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch thread(s), torch {torch.__version__}, "
+            f"python {platform.python_version()}, {platform.system()} {platform.machine()}")
+
+
+def timed(fn, *args) -> float:
+    start = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=6)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model, peer = build()
+    batches = make_batches(args.batches, args.batch_size)
+    audio = sum(float(lens.sum()) for _, lens in batches) * FRAME_SECONDS
+
+    with torch.inference_mode():
+        feats, lens = batches[0]
+        ours, our_lens = model.forward_offline(feats, lens)
+        theirs, their_lens = peer(feats, lens)
+        assert torch.equal(our_lens, their_lens)
+        err = max((ours[r, :n] - theirs[r, :n]).abs().max().item() for r, n in enumerate(our_lens.tolist()))
+        model.forward_offline(*batches[-1])  # warm-up
+        peer(*batches[-1])
+
+        # per batch, the best of the repeats (a co-tenant only ever adds time), alternating the peers
+        runs: dict[str, list[list[float]]] = {k: [[] for _ in batches] for k in ("oasr", "peer", "padded", "alone")}
+        for _ in range(args.repeats):
+            for i, (feats, lens) in enumerate(batches):
+                runs["oasr"][i].append(timed(model.forward_offline, feats, lens))
+                runs["peer"][i].append(timed(peer, feats, lens))
+        # sequence packing: the most it could save is the padded work
+        for _ in range(args.repeats):
+            for i, (feats, lens) in enumerate(batches):
+                runs["padded"][i].append(timed(model.forward_offline, feats, lens))
+                runs["alone"][i].append(sum(timed(model.forward_offline, feats[r:r + 1, :n], lens[r:r + 1])
+                                            for r, n in enumerate(lens.tolist())))
+    best = {k: sum(min(ts) for ts in v) for k, v in runs.items()}
+
+    real = sum(float(lens.sum()) for _, lens in batches)
+    padded = sum(float(lens.max()) * len(lens) for _, lens in batches)
+    o, p = best["oasr"], best["peer"]
+    print(f"machine: {machine()}")
+    print(f"model: 12 x d256 Conformer + CTC(5000), {sum(t.numel() for t in model.parameters()) / 1e6:.1f} M params; "
+          f"{args.batches} batches x {args.batch_size}, {audio:.0f} s of audio; max |log-prob diff| vs peer {err:.2e}")
+    print(f"oasr forward_offline : {audio / o:8.1f} audio s / s  ({o:.2f} s)")
+    print(f"WeNet-style eager    : {audio / p:8.1f} audio s / s  ({p:.2f} s)")
+    print(f"ratio (oasr / peer)  : {p / o:.2f}x")
+    pb, pa = best["padded"], best["alone"]
+    print(f"packing bound: padding is {100 * (padded - real) / padded:.1f}% of frames; padded batches {pb:.2f} s, "
+          f"the same rows alone (no padding work) {pa:.2f} s -> packing could save at most {100 * (pb - pa) / pb:.1f}%")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""The ``conformer`` architecture: WeNet U2/U2++ (Conformer encoder + CTC + optional attention decoder).
+
+Checkpoint keys load 1:1 except for two declarative renames: the subsampling's output linear
+(WeNet's ``embed.out.0`` for conv2d, ``embed.linear`` for conv2d6/8) becomes ``embed.out``, and a
+plain transformer decoder's ``decoder.*`` moves under ``decoder.left_decoder.*``.  Positional tables
+(``*.pe``) are computed, never read from a checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from oasr import layers
+from oasr.models import BaseAsrModel, CacheSpec
+from oasr_models_wenet.config import ConformerModelConfig
+from oasr_models_wenet.decoder import BiTransformerDecoder
+from oasr_models_wenet.encoder import KV, ChunkOutput, ConformerEncoder
+
+
+class CtcHead(nn.Module):
+    """WeNet's ``CTC`` module: ``ctc_lo`` + log-softmax."""
+
+    def __init__(self, d_model: int, vocab_size: int):
+        super().__init__()
+        self.ctc_lo = layers.CtcProjection(d_model, vocab_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.ctc_lo(hidden)
+
+
+class ConformerModel(BaseAsrModel):
+    """U2/U2++: ``encoder``, ``ctc`` and, when the checkpoint has a buildable one, ``decoder``."""
+
+    config_class = ConformerModelConfig
+    computed_buffer_suffixes = (".pe",)
+    weight_renames = (
+        (r"^encoder\.embed\.(?:out\.0|linear)\.", "encoder.embed.out."),
+        (r"^decoder\.(?!(?:left|right)_decoder\.)", "decoder.left_decoder."),
+    )
+
+    def __init__(self, config: ConformerModelConfig):
+        super().__init__(config)
+        self.encoder = ConformerEncoder(config.encoder)
+        self.ctc = CtcHead(config.encoder.output_size, config.vocab_size)
+        self.decoder = BiTransformerDecoder(config.decoder) if config.decoder is not None else None
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        if self.decoder is None:
+            return frozenset({"ctc"})
+        return frozenset({"ctc", "ctc_aed_rescoring"})
+
+    @property
+    def default_decode_type(self) -> str:
+        return "ctc"
+
+    def encode_offline(self, feats: torch.Tensor, feat_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.encoder(feats, feat_lens)
+
+    def ctc_log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Encoder hidden states (B, T', D) → CTC log-probs (B, T', V), float32."""
+        return self.ctc(hidden)
+
+    def forward_offline(self, feats: torch.Tensor, feat_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden, lens = self.encoder(feats, feat_lens)
+        return self.ctc(hidden), lens
+
+    @property
+    def cache_spec(self) -> CacheSpec | None:
+        return self.encoder.cache_spec
+
+    def encode_chunk_paged(self, feats: torch.Tensor, offsets: torch.Tensor | int, kv_cache: Sequence[KV] | None = None,
+                           conv_cache: torch.Tensor | None = None, *, cache_lens: torch.Tensor | None = None,
+                           feat_lens: torch.Tensor | None = None) -> ChunkOutput:
+        """One streaming chunk for B streams (see :meth:`ConformerEncoder.forward_chunk`)."""
+        return self.encoder.forward_chunk(feats, offsets, kv_cache, conv_cache, cache_lens=cache_lens,
+                                          feat_lens=feat_lens)
+
+    def forward_chunk_paged(self, feats: torch.Tensor, offsets: torch.Tensor | int,
+                            kv_cache: Sequence[KV] | None = None, conv_cache: torch.Tensor | None = None, *,
+                            cache_lens: torch.Tensor | None = None,
+                            feat_lens: torch.Tensor | None = None) -> tuple[torch.Tensor, ChunkOutput]:
+        """:meth:`encode_chunk_paged` + CTC head: (log-probs (B, C, V), the chunk output with its caches)."""
+        out = self.encode_chunk_paged(feats, offsets, kv_cache, conv_cache, cache_lens=cache_lens, feat_lens=feat_lens)
+        return self.ctc(out.hidden), out
