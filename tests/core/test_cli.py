@@ -1,0 +1,43 @@
+"""The ``oasr`` command line: models, plugins, convert, errors."""
+
+from __future__ import annotations
+
+import json
+
+from oasr.cli import main
+from oasr.models import register_model, unregister_model
+from tests.helpers import ensure_tinyctc_importable
+
+ensure_tinyctc_importable()
+
+
+def test_models_lists_registered_architectures(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "conformer" in out and "oasr-models-wenet" in out
+
+
+def test_convert_writes_a_native_bundle(tmp_path, capsys):
+    from oasr_tinyctc.convert import write_checkpoint
+
+    register_model("tinyctc", "oasr_tinyctc.model:TinyCtcModel", "oasr_tinyctc.model:TinyCtcConfig",
+                   "oasr_tinyctc.convert:TinyCtcConverter", distribution="tests")
+    try:
+        src = write_checkpoint(tmp_path / "src")
+        assert main(["convert", str(src), str(tmp_path / "bundle")]) == 0
+        assert "wrote native bundle" in capsys.readouterr().out
+        config = json.loads((tmp_path / "bundle" / "oasr_config.json").read_text())
+        assert config["format_version"] == 1 and config["architecture"] == "tinyctc"
+        # a second conversion into the same non-empty directory is refused unless forced
+        assert main(["convert", str(src), str(tmp_path / "bundle")]) == 2
+        assert "exists and is not empty" in capsys.readouterr().err
+        assert main(["convert", str(src), str(tmp_path / "bundle"), "--force"]) == 0
+    finally:
+        unregister_model("tinyctc")
+
+
+def test_an_unrecognized_checkpoint_is_one_clear_line(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main(["convert", str(tmp_path / "empty"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("oasr: error: no converter recognizes") and "Traceback" not in err
