@@ -232,3 +232,21 @@ def test_resampled_input_and_word_timings(fixtures_dir, wenet):
 def test_models_that_cannot_stream_are_refused_at_construction(tinyctc_dir):
     with pytest.raises(CapabilityError, match="cannot stream.*streaming_kind='none'"):
         Engine(EngineConfig(model=str(tinyctc_dir), service_mode="streaming"))
+
+
+@pytest.mark.parametrize("left", [-1, 2])
+def test_offline_with_the_chunk_mask_equals_streaming(fixtures_dir, wenet, results, left):
+    audio = clip(fixtures_dir, "clip0")
+    offline = Engine(EngineConfig(model=str(wenet / "model"),
+                                  model_options={"decoding_chunk_size": 4, "num_decoding_left_chunks": left}))
+    streamed = streaming_engine(wenet, num_left_chunks=left).transcribe_outputs(audio, sample_rate=16000,
+                                                                              streaming=True)
+    out = offline.transcribe_outputs(audio, sample_rate=16000)
+    assert out.tokens == streamed.tokens == results["clip0"][f"chunk4_left{left}"]["ctc_greedy"]
+
+
+def test_unknown_model_option_names_the_valid_ones(wenet):
+    from oasr.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown model option.*chunk_size; valid: decoding_chunk_size"):
+        Engine(EngineConfig(model=str(wenet / "model"), model_options={"chunk_size": 4}))

@@ -56,3 +56,19 @@ def dumps(obj: Any) -> str:
 
 def loads(text: str, cls: type[T], *, what: str = "config") -> T:
     return structure(json.loads(text), cls, what=what)
+
+
+def structure_options(raw: Any, cls: type[T], *, what: str) -> T:
+    """An options object from a dict; an unknown key raises naming the valid ones."""
+    import attrs
+
+    if raw is None:
+        return cls()
+    if isinstance(raw, cls):
+        return raw
+    valid = [f.name for f in attrs.fields(cls)]
+    unknown = sorted(set(raw) - set(valid))
+    if unknown:
+        raise ConfigError(f"unknown {what} {', '.join(unknown)}; valid: {', '.join(valid) or '(none)'}",
+                          key=unknown[0])
+    return structure(dict(raw), cls, what=what)

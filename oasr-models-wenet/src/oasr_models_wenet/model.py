@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
 import torch
 from torch import nn
 
@@ -31,10 +32,23 @@ class CtcHead(nn.Module):
         return self.ctc_lo(hidden)
 
 
+@attrs.define
+class ConformerOptions:
+    """Inference options (WeNet's ``decoding_chunk_size`` / ``num_decoding_left_chunks``).
+
+    A positive ``decoding_chunk_size`` makes offline decoding apply the chunk attention mask the
+    streaming path sees, so offline and streaming transcripts of a U2/U2++ model agree.
+    """
+
+    decoding_chunk_size: int = -1
+    num_decoding_left_chunks: int = -1
+
+
 class ConformerModel(BaseAsrModel):
     """U2/U2++: ``encoder``, ``ctc`` and, when the checkpoint has a buildable one, ``decoder``."""
 
     config_class = ConformerModelConfig
+    options_class = ConformerOptions
     computed_buffer_suffixes = (".pe",)
     weight_renames = (
         (r"^encoder\.embed\.(?:out\.0|linear)\.", "encoder.embed.out."),
@@ -58,14 +72,15 @@ class ConformerModel(BaseAsrModel):
         return "ctc"
 
     def encode_offline(self, feats: torch.Tensor, feat_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.encoder(feats, feat_lens)
+        return self.encoder(feats, feat_lens, chunk_size=self.options.decoding_chunk_size,
+                            num_left_chunks=self.options.num_decoding_left_chunks)
 
     def ctc_log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
         """Encoder hidden states (B, T', D) → CTC log-probs (B, T', V), float32."""
         return self.ctc(hidden)
 
     def forward_offline(self, feats: torch.Tensor, feat_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden, lens = self.encoder(feats, feat_lens)
+        hidden, lens = self.encode_offline(feats, feat_lens)
         return self.ctc(hidden), lens
 
     @property

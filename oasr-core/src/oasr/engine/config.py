@@ -52,6 +52,8 @@ class EngineConfig:
     #: allow long-form decoding past a fixed-window model's window (when the family supports it)
     long_form: bool = True
 
+    #: inference-time options of the model family (validated by the model's options class)
+    model_options: dict[str, Any] = attrs.field(factory=dict)
     decode_method: str | None = None
     decode_options: dict[str, Any] = attrs.field(factory=dict)
     #: torch intra-op threads (None: leave torch's setting alone)

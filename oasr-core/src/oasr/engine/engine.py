@@ -24,7 +24,7 @@ import attrs
 import numpy as np
 import torch
 
-from oasr import plugins
+from oasr import plugins, serde
 from oasr.decoding.types import Hypothesis, Segment
 from oasr.engine.config import EngineConfig
 from oasr.engine.decode.base import DecodeBatch, DecodeContext, DecodeStrategy
@@ -82,6 +82,9 @@ class Engine:
                                      device=config.device, dtype=config.dtype)
         self.loaded = loaded
         self.model = loaded.model
+        model_cls = type(self.model)
+        self.model.configure(serde.structure_options(
+            config.model_options, model_cls.options_class, what=f"model option(s) for {model_cls.__name__}"))
         if config.quantization == "int8":
             from oasr.layers.quant import quantize_model_int8
 

@@ -31,6 +31,11 @@ class BaseModelConfig:
         raise NotImplementedError(f"{cls.__name__} declares no tiny() config")
 
 
+@attrs.define
+class NoModelOptions:
+    """A model with no inference-time options."""
+
+
 @attrs.frozen
 class StreamingGeometry:
     """How a streaming encoder consumes features: a window of ``window_frames`` feature frames
@@ -94,12 +99,19 @@ class BaseAsrModel(nn.Module):
     weight_renames: ClassVar[tuple[tuple[str, str], ...]] = ()
     #: per-request options the encoder honours (for example ``"language"`` for a prompted encoder)
     encoder_options: ClassVar[frozenset[str]] = frozenset()
+    #: attrs class of inference-time model options (``EngineConfig.model_options``)
+    options_class: ClassVar[type] = NoModelOptions
 
     encoder: BaseEncoder
 
     def __init__(self, config: BaseModelConfig):
         super().__init__()
         self.config = config
+        self.options = self.options_class()
+
+    def configure(self, options: Any) -> None:
+        """Apply inference-time options (an instance of :attr:`options_class`)."""
+        self.options = options
 
     @classmethod
     def from_config(cls, config: BaseModelConfig) -> BaseAsrModel:

@@ -18,7 +18,7 @@ import torch
 from oasr import serde
 from oasr.decoding.types import Hypothesis
 from oasr.engine.options import DecodingOptions
-from oasr.errors import ConfigError, RequestError
+from oasr.errors import RequestError
 from oasr.models.base import BaseAsrModel
 from oasr.models.interfaces import require_capability
 from oasr.models.specs import DecodingDefaults
@@ -84,19 +84,7 @@ class DecodeStrategy:
     @classmethod
     def parse_options(cls, raw: dict[str, Any] | Any | None) -> Any:
         """Engine-level options from a dict; an unknown key raises naming the valid ones."""
-        if raw is None:
-            return cls.options_class()
-        if isinstance(raw, cls.options_class):
-            return raw
-        valid = [f.name for f in attrs.fields(cls.options_class)]
-        unknown = sorted(set(raw) - set(valid))
-        if unknown:
-            raise ConfigError(
-                f"unknown decode option(s) {', '.join(unknown)} for decode method {cls.family!r}; "
-                f"valid: {', '.join(valid) or '(none)'}",
-                key=unknown[0],
-            )
-        return serde.structure(dict(raw), cls.options_class, what=f"{cls.family} decode options")
+        return serde.structure_options(raw, cls.options_class, what=f"decode option(s) for decode method {cls.family!r}")
 
     def validate(self, options: DecodingOptions, request_id: str | None = None) -> None:
         """Refuse, at admission, a request asking for something this family cannot honour."""
