@@ -58,7 +58,7 @@ def wenet_sized_bundle(path: Path, *, layers: int = 12, d_model: int = 256, head
     config = ConformerModelConfig(vocab_size=vocab, encoder=encoder)
     model = ConformerModel(config).eval()
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() > 1:
                 torch.nn.init.xavier_uniform_(p)
         model.ctc.ctc_lo.bias.zero_()

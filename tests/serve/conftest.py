@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import soundfile as sf
-from oasr.engine import Engine
 
+from oasr.engine import Engine
 from tests.serve.harness import API_KEY, SAMPLE, ServerThread, serving, tinyctc_engine, wav_bytes
 
 

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import soundfile as sf
+
 from oasr.engine import Engine, EngineConfig
 from oasr.models import list_models, register_model, unregister_model
 from oasr.serve.app import create_app
 from oasr.serve.settings import ServerSettings
-
 from tests.helpers import REPO, ensure_tinyctc_importable
 
 ensure_tinyctc_importable()

@@ -13,11 +13,11 @@ import time
 import httpx
 import openai
 import pytest
+
 from oasr.engine import EngineConfig
 from oasr.models import list_models, register_model, unregister_model
 from oasr.serve.app import create_app
 from oasr.serve.settings import ServerSettings
-
 from tests.helpers import TINYCTC_SRC
 from tests.serve.harness import MODEL_NAME, WAIT, ServerThread, gated, serving, tinyctc_engine, wait_until
 

@@ -11,10 +11,10 @@ import threading
 import httpx
 import openai
 import pytest
-from oasr.engine import DecodingOptions
-from oasr.engine.formats import render
 from prometheus_client.parser import text_string_to_metric_families
 
+from oasr.engine import DecodingOptions
+from oasr.engine.formats import render
 from tests.serve.harness import API_KEY, MODEL_NAME, WAIT, gated, wait_until
 
 DURATION = 3.0

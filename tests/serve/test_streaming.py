@@ -15,9 +15,9 @@ import numpy as np
 import openai
 import pytest
 import soundfile as sf
-from oasr.engine import Engine, EngineConfig
 from websockets.asyncio.client import connect
 
+from oasr.engine import Engine, EngineConfig
 from tests.serve.harness import SAMPLE, WAIT, serving, wav_bytes
 from tests.serve.test_realtime import Session, chunks, run
 

@@ -12,9 +12,9 @@ import numpy as np
 import openai
 import pytest
 import soundfile as sf
+
 from oasr.engine import DecodingOptions, Engine, EngineConfig
 from oasr.engine.formats import render
-
 from tests.serve.harness import WAIT, serving, wav_bytes
 
 NAME = "whisper-tiny.en"

@@ -201,12 +201,11 @@ def _register_plugin_object(plugin: Any, record: PluginRecord) -> None:
             for impl in getattr(_state.pm.hook, hook_name).get_hookimpls():
                 if impl.plugin is plugin:
                     impl.function(register=make_register(kind))
-        for kind, entry_name, target, meta in staged:
-            if entry_name in _state.registries[kind] and \
-                    _state.registries[kind].get(entry_name).distribution != record.distribution:
+        for kind, entry_name, _target, _meta in staged:
+            registry = _state.registries[kind]
+            if entry_name in registry and registry.get(entry_name).distribution != record.distribution:
                 raise ValueError(
-                    f"{kind[:-1]} {entry_name!r} is already registered by "
-                    f"{_state.registries[kind].get(entry_name).distribution!r}"
+                    f"{kind[:-1]} {entry_name!r} is already registered by {registry.get(entry_name).distribution!r}"
                 )
     except Exception as exc:  # a broken plugin must not take the others down
         _state.pm.unregister(plugin, name=name)

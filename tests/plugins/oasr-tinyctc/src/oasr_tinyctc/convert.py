@@ -17,7 +17,6 @@ from oasr.models import (
     extract_state_dict,
     load_torch_checkpoint,
 )
-
 from oasr_tinyctc.model import TinyCtcConfig
 
 
