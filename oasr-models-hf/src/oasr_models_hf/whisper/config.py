@@ -10,6 +10,7 @@ strategy reads them from here, never from engine-side defaults.
 from __future__ import annotations
 
 import attrs
+
 from oasr.errors import ConfigError
 from oasr.models.base import BaseModelConfig
 

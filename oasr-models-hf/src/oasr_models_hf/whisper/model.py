@@ -22,11 +22,13 @@ computed once per request (not per beam row) and each row points at its request'
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from oasr.errors import CapabilityError, CheckpointFormatError
 from oasr.layers import (
     Conv1d,
@@ -40,9 +42,7 @@ from oasr.layers import (
     merge_heads,
 )
 from oasr.models.base import BaseAsrModel, BaseEncoder
-from oasr.models.specs import QuantLayout, SmoothGroup
-from torch import nn
-
+from oasr.models.specs import LoadReport, QuantLayout, SmoothGroup
 from oasr_models_hf.whisper.config import WhisperConfig
 
 _ATTN_BIAS = (True, False, True, True)  # Whisper's k_proj has no bias
@@ -118,7 +118,8 @@ class WhisperDecoderState:
     """Per-row incremental decoder state.
 
     ``self_k``/``self_v``: per layer (B, H, capacity, Dh), row ``b`` holds ``lengths[b]`` positions.
-    ``cross_k``/``cross_v``: per layer (N, H, S, Dh), one entry per request; ``cross_rows`` (B,)
+    ``cross_k``/``cross_v``: per layer (N, H, Dh, S) and (N, H, S, Dh), one entry per request
+    (keys stored transposed); ``cross_rows`` (B,)
     names each row's entry.  ``cross_group`` is ``g`` when the rows are the entries in order, each
     repeated ``g`` times (greedy: 1, beam search: k), which lets a step read the entries in place.
     ``uniform_length`` is the common length when every row has the same one (no key mask needed).
@@ -182,35 +183,39 @@ class WhisperDecoder(nn.Module):
         return self.proj_out(hidden)
 
     def cross_kv(self, enc_out: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Cross-attention K and V of every layer for encoder output (N, S, D): computed once per request."""
+        """Cross-attention keys (N, H, Dh, S), already transposed for the score product, and values
+        (N, H, S, Dh) of every layer for encoder output (N, S, D): computed once per request."""
         ks, vs = [], []
         for layer in self.layers:
-            ks.append(layer.encoder_attn.project(enc_out, 1))
-            vs.append(layer.encoder_attn.project(enc_out, 2))
+            ks.append(layer.encoder_attn.project(enc_out, 1).transpose(-1, -2).contiguous())
+            vs.append(layer.encoder_attn.project(enc_out, 2).contiguous())
         return ks, vs
 
     # -- the shared layer computation -------------------------------------------------------------------
+    # A decode step has one query per row: explicit matmuls over the stored (transposed) keys beat the
+    # fused attention kernel there, whose blocking is made for long query runs.
     def _cross(self, layer: WhisperDecoderLayer, i: int, h: torch.Tensor, state: WhisperDecoderState,
                capture: list[int] | None, max_frames: int | None, captured: list[torch.Tensor]) -> torch.Tensor:
         attn = layer.encoder_attn
         q = attn.project(h, 0)  # (B, H, L, Dh)
-        k, v = state.cross_k[i], state.cross_v[i]
+        k_t, v = state.cross_k[i], state.cross_v[i]
         b, heads, lq, dh = q.shape
+        g = state.cross_group
+        if g is not None:  # each entry read in place by its g rows: the rows become extra queries
+            q = q.view(b // g, g, heads, lq, dh).transpose(1, 2).reshape(b // g, heads, g * lq, dh)
+        else:
+            k_t, v = k_t[state.cross_rows], v[state.cross_rows]
+
+        def per_row(t: torch.Tensor) -> torch.Tensor:  # (n, H, g * L, X) → (B, H, L, X)
+            return t if g is None else t.view(b // g, heads, g, lq, -1).transpose(1, 2).reshape(b, heads, lq, -1)
+
+        scores = torch.matmul(q, k_t) * (dh ** -0.5)
         if capture is not None:
-            k, v = k[state.cross_rows], v[state.cross_rows]
-            scores = torch.matmul(q, k.transpose(-1, -2)) * (dh ** -0.5)
-            selected = scores[:, capture]
+            selected = per_row(scores)[:, capture]
             if max_frames is not None:
                 selected = selected[..., :max_frames]
             captured.append(selected.float().softmax(dim=-1))
-            out = torch.matmul(scores.softmax(dim=-1), v)
-        elif state.cross_group is not None:
-            g = state.cross_group
-            n = b // g
-            qg = q.view(n, g, heads, lq, dh).transpose(1, 2).reshape(n, heads, g * lq, dh)
-            out = attend(qg, k, v).view(n, heads, g, lq, dh).transpose(1, 2).reshape(b, heads, lq, dh)
-        else:
-            out = attend(q, k[state.cross_rows], v[state.cross_rows])
+        out = per_row(torch.matmul(scores.softmax(dim=-1), v))
         return getattr(attn, attn.names[3])(merge_heads(out))
 
     def _run_layers(self, x: torch.Tensor, state: WhisperDecoderState, write_pos: torch.Tensor | None, *,
@@ -222,6 +227,10 @@ class WhisperDecoder(nn.Module):
         Step (L == 1): K/V written at ``write_pos`` (B,) per row, attention over each row's keys.
         """
         rows = torch.arange(x.shape[0], device=x.device)
+        if write_pos is not None:
+            span = (state.uniform_length if state.uniform_length is not None else int(write_pos.max())) + 1
+            key_mask = None if state.uniform_length is not None else \
+                (torch.arange(span, device=x.device)[None, :] > write_pos[:, None])[:, None, None, :]
         for i, layer in enumerate(self.layers):
             sa = layer.self_attn
             h = layer.self_attn_layer_norm(x)
@@ -235,12 +244,10 @@ class WhisperDecoder(nn.Module):
             else:
                 kbuf[rows, :, write_pos] = k[:, :, 0]
                 vbuf[rows, :, write_pos] = v[:, :, 0]
-                if state.uniform_length is not None:
-                    span = state.uniform_length + 1
-                    out = attend(q, kbuf[:, :, :span], vbuf[:, :, :span])
-                else:
-                    span = int(write_pos.max()) + 1
-                    out = attend(q, kbuf[:, :, :span], vbuf[:, :, :span], key_lengths=write_pos + 1)
+                scores = torch.matmul(q, kbuf[:, :, :span].transpose(-1, -2)) * (self.head_dim ** -0.5)
+                if key_mask is not None:
+                    scores = scores.masked_fill(key_mask, float("-inf"))
+                out = torch.matmul(scores.softmax(dim=-1), vbuf[:, :, :span])
             attn_out = getattr(sa, sa.names[3])(merge_heads(out))
             h, x = layer.encoder_attn_layer_norm.add_forward(attn_out, x)
             layer_capture = None if capture is None else capture.get(i)
@@ -408,7 +415,7 @@ class WhisperModel(BaseAsrModel):
     """Whisper: encoder + autoregressive decoder, decoded by the ``aed`` family."""
 
     config_class = WhisperConfig
-    weight_renames = ((r"^model\.", ""), (r"^proj_out\.", "decoder.proj_out."))
+    weight_renames = ((r"^model\.", ""),)
 
     def __init__(self, config: WhisperConfig):
         super().__init__(config)
@@ -432,7 +439,9 @@ class WhisperModel(BaseAsrModel):
             return True
         return super().is_computed_buffer(key)
 
-    def load_weights(self, state_dict):
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> LoadReport:
+        """HF-layout weights (with or without ``model.``); a stored ``proj_out.weight`` must equal the
+        token embedding it is tied to (it is then dropped as declared-unused)."""
         tied = state_dict.get("proj_out.weight")
         embed = state_dict.get("model.decoder.embed_tokens.weight", state_dict.get("decoder.embed_tokens.weight"))
         if tied is not None and embed is not None and tied.shape == embed.shape and not torch.equal(tied, embed):

@@ -1,0 +1,149 @@
+"""int8 weights for the layer waist's linears: per-output-channel symmetric int8, dynamic activations.
+
+:func:`quantize_model_int8` turns every :class:`oasr.layers.Linear` of a model (except the layers its
+:class:`~oasr.models.specs.QuantLayout` keeps at full precision) into an int8 linear:
+
+* storage: ``weight`` becomes an int8 buffer (out, in) and ``weight_scale`` a float32 buffer (out,)
+  with ``w ≈ weight * weight_scale[:, None]`` and ``weight_scale = max|w_row| / 127`` (round to
+  nearest); the bias stays in floating point.  These two tensors are what a native bundle of
+  ``format_version`` 2 stores, so a quantized bundle is a plain safetensors file;
+* compute on CPU: fbgemm's dynamic int8 GEMM (``torch.ops.quantized.linear_dynamic`` over weights
+  prepacked per channel): each call quantizes its input per tensor to uint8 on the fly and
+  accumulates in int32 (VNNI where the CPU has it; without VNNI activations keep 7 bits so the
+  16-bit pair sums cannot saturate);
+* compute elsewhere (CUDA): the int8 weight is dequantized per call, a reference path.
+
+A tied output projection (sharing its weight with an embedding) gets its own int8 copy; the
+embedding keeps the floating-point table.
+
+The ``quantization`` section of a bundle::
+
+    {"scheme": "int8_per_channel_dynamic", "layers": ["decoder.layers.0.fc1", ...],
+     "provenance": {"tool": "oasr", "version": "..."}}
+
+:func:`prepare_quantized` makes a freshly built model ready to receive such a bundle's state dict.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from oasr.errors import CheckpointFormatError
+from oasr.layers.linear import Linear
+
+SCHEME = "int8_per_channel_dynamic"
+
+
+def _vnni() -> bool:
+    probe = getattr(torch.cpu, "_is_vnni_supported", None)
+    try:
+        return bool(probe()) if probe is not None else False
+    except Exception:
+        return False
+
+
+class Int8Weight:
+    """The ``Linear._int8`` hook: ``(x, bias) -> x @ dequant(W).T + bias`` from int8 storage."""
+
+    def __init__(self, linear: Linear):
+        self.linear = linear
+        self._packed: Any = None
+        self._packed_key: tuple | None = None
+        self.reduce_range = not _vnni()
+
+    def invalidate(self) -> None:
+        self._packed = None
+
+    def _prepacked(self, bias: torch.Tensor | None):
+        """fbgemm's packed weight; rebuilt when the stored tensors move (``.to()``) or are reloaded."""
+        lin = self.linear
+        key = (lin.weight.data_ptr(), lin.weight_scale.data_ptr(), None if bias is None else bias.data_ptr())
+        if self._packed is None or self._packed_key != key:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch marks quantized tensor constructors as deprecated
+                scales = lin.weight_scale.double()
+                qweight = torch._make_per_channel_quantized_tensor(
+                    lin.weight.cpu(), scales.cpu(), torch.zeros_like(scales, dtype=torch.long).cpu(), 0)
+                fp_bias = None if bias is None else bias.detach().float().cpu()
+                self._packed = torch.ops.quantized.linear_prepack(qweight, fp_bias)
+            self._packed_key = key
+        return self._packed
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        lin = self.linear
+        if x.device.type == "cpu" and "fbgemm" in torch.backends.quantized.supported_engines:
+            packed = self._prepacked(bias)
+            out = torch.ops.quantized.linear_dynamic(x.float().contiguous(), packed, self.reduce_range)
+            return out.to(x.dtype)
+        weight = lin.weight.to(x.dtype) * lin.weight_scale.to(x.dtype)[:, None]
+        return F.linear(x, weight, bias)
+
+
+def _int8_storage(linear: Linear, weight: torch.Tensor | None) -> None:
+    """Give ``linear`` int8 ``weight`` / fp32 ``weight_scale`` buffers (from ``weight`` if given)."""
+    out_f, in_f = linear.out_features, linear.in_features
+    if weight is not None:
+        w = weight.detach().float()
+        amax = w.abs().amax(dim=1)
+        scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+        q = torch.clamp(torch.round(w / scale[:, None]), -127, 127).to(torch.int8)
+    else:
+        device = linear.weight.device
+        q = torch.zeros(out_f, in_f, dtype=torch.int8, device=device)
+        scale = torch.ones(out_f, dtype=torch.float32, device=device)
+    del linear.weight  # the parameter (possibly shared with an embedding) leaves this module only
+    linear.register_buffer("weight", q.contiguous())
+    linear.register_buffer("weight_scale", scale.float().contiguous())
+    hook = Int8Weight(linear)
+    linear._int8 = hook
+    # load_state_dict copies into the same storage: the packed copy must be rebuilt
+    linear.register_load_state_dict_post_hook(lambda module, incompatible: hook.invalidate())
+
+
+def _kept(name: str, keep: tuple[str, ...]) -> bool:
+    return any(name == k or name.startswith(k + ".") for k in keep)
+
+
+def quantize_model_int8(model: nn.Module, layout: Any = None) -> dict[str, Any]:
+    """Quantize every waist :class:`Linear` of ``model`` in place; returns the bundle's quantization section.
+
+    ``layout`` is the model's :class:`~oasr.models.specs.QuantLayout` (default:
+    ``model.quantization_layout()``); its ``keep_full_precision`` names stay floating point.
+    """
+    if layout is None:
+        layout = model.quantization_layout() if hasattr(model, "quantization_layout") else None
+    keep = tuple(getattr(layout, "keep_full_precision", ()) or ())
+    names = []
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, Linear) and module._int8 is None and not _kept(name, keep):
+                _int8_storage(module, module.weight)
+                names.append(name)
+    from oasr import __version__
+
+    return {"scheme": SCHEME, "layers": names, "provenance": {"tool": "oasr", "version": __version__}}
+
+
+def prepare_quantized(model: nn.Module, quant: dict[str, Any]) -> None:
+    """Give the layers a bundle's ``quantization`` section lists int8 storage, ready for ``load_state_dict``."""
+    if not isinstance(quant, dict) or quant.get("scheme") != SCHEME:
+        scheme = quant.get("scheme") if isinstance(quant, dict) else quant
+        raise CheckpointFormatError(f"quantization scheme {scheme!r} is not supported; this OASR reads {SCHEME!r}")
+    modules = dict(model.named_modules())
+    for name in quant.get("layers", []):
+        module = modules.get(name)
+        if not isinstance(module, Linear):
+            raise CheckpointFormatError(
+                f"the bundle's quantization section names {name!r}, which is not a linear layer of "
+                f"{type(model).__name__}")
+        if module._int8 is None:
+            _int8_storage(module, None)
+
+
+def is_quantized(module: nn.Module) -> bool:
+    return any(isinstance(m, Linear) and m._int8 is not None for m in module.modules())

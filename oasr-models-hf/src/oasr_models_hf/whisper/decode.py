@@ -1,0 +1,98 @@
+"""The ``aed`` decode strategy: Whisper's autoregressive decoding, any audio length, batched.
+
+The strategy reads the batch's waveforms (it computes its own features: the log-mel of the whole
+audio followed by 30 s of silence, as openai-whisper's ``transcribe`` does, so audio longer than one
+window is decoded in windows) and hands them to :class:`Transcriber`.  Per request it honours
+``language`` (detected on multilingual checkpoints when not given), ``task``, ``beam_size`` /
+``n_best``, ``temperature`` (a tuple is a fallback schedule), ``prompt``, ``max_new_tokens``,
+``timestamps`` (timestamp tokens and segments) and ``word_timestamps`` (cross-attention + DTW).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from oasr.decoding.types import Hypothesis
+from oasr.engine.decode.base import DecodeBatch, DecodeContext, DecodeStrategy
+from oasr.engine.options import DecodingOptions
+from oasr.errors import RequestError
+from oasr.features.whisper import whisper_logmel
+from oasr_models_hf.whisper.config import SAMPLE_RATE, WINDOW_SECONDS
+from oasr_models_hf.whisper.longform import AedOptions, Transcriber
+
+
+class AedDecodeStrategy(DecodeStrategy):
+    family = "aed"
+    options_class = AedOptions
+    supported_options = frozenset({"language", "task", "beam_size", "n_best", "temperature", "prompt",
+                                   "max_new_tokens", "timestamps", "word_timestamps"})
+    needs_features = False
+    supports_long_form = True
+
+    def __init__(self, ctx: DecodeContext, options: AedOptions | None = None):
+        super().__init__(ctx, options)
+        self.transcriber = Transcriber(ctx.model, ctx.tokenizer, self.options)
+        self.gen = ctx.model.config.generation
+
+    @property
+    def word_timing_modes(self) -> tuple[str, ...]:
+        """``("cross_attention",)`` when the decoder can align words, else ``()``."""
+        decoder = self.ctx.model.decoder
+        return ("cross_attention",) if hasattr(decoder, "cross_attention") and self.gen.alignment_heads else ()
+
+    def validate(self, options: DecodingOptions, request_id: str | None = None) -> None:
+        super().validate(options, request_id)
+        gen = self.gen
+
+        def refuse(message: str, param: str) -> None:
+            raise RequestError(message, request_id=request_id, param=param)
+
+        if options.language is not None:
+            if not gen.is_multilingual and options.language != "en":
+                refuse(f"this Whisper checkpoint is English-only; language {options.language!r} is not available",
+                       "language")
+            if gen.is_multilingual and options.language not in gen.languages:
+                refuse(f"language {options.language!r} is not one of this checkpoint's: "
+                       f"{', '.join(sorted(gen.languages))}", "language")
+        if options.task == "translate" and (not gen.is_multilingual or gen.translate_id is None):
+            refuse("this Whisper checkpoint is English-only and cannot translate", "task")
+        if options.n_best > (options.beam_size or 1):
+            refuse(f"n_best={options.n_best} needs beam_size >= {options.n_best} (got {options.beam_size})", "n_best")
+        if options.word_timestamps and not self.word_timing_modes:
+            refuse("this checkpoint declares no alignment heads, so it cannot time words", "word_timestamps")
+        if any(t < 0 for t in options.temperature):
+            refuse(f"temperatures must be >= 0, got {options.temperature}", "temperature")
+        limit = self.ctx.model.config.max_target_positions // 2
+        if options.max_new_tokens is not None and options.max_new_tokens > limit:
+            refuse(f"max_new_tokens={options.max_new_tokens} exceeds Whisper's {limit} tokens per window",
+                   "max_new_tokens")
+
+    def log_mels(self, waveforms: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Per request: the log-mel (n_mels, frames) of its audio followed by 30 s of silence.
+
+        One row at a time: rows of very different lengths padded into one batch would spend most of
+        the transform on padding (the max-norm is per row anyway).
+        """
+        pad = WINDOW_SECONDS * SAMPLE_RATE
+        n_mels = self.ctx.model.config.num_mel_bins
+        out = []
+        for wave in waveforms:
+            wave = wave.reshape(-1).float().to(self.ctx.device)
+            padded = torch.nn.functional.pad(wave, (0, pad))[None]
+            feats, counts = whisper_logmel(padded, torch.tensor([padded.shape[1]]), num_mels=n_mels)
+            out.append(feats[0, : int(counts[0])].t())
+        return out
+
+    def decode(self, batch: DecodeBatch) -> list[Hypothesis | BaseException]:
+        t0 = time.perf_counter()
+        mels = self.log_mels(batch.waveforms)
+        t1 = time.perf_counter()
+        with torch.inference_mode():
+            results = self.transcriber.run(mels, batch.options)
+        encoder = self.transcriber.encoder_seconds
+        batch.timings["features"] = batch.timings.get("features", 0.0) + (t1 - t0)
+        batch.timings["encoder"] = encoder
+        batch.timings["decode"] = time.perf_counter() - t1 - encoder
+        return results

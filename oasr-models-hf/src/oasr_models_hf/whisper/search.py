@@ -1,0 +1,390 @@
+"""Batched search over 30 s Whisper windows: greedy, sampling and beam search with openai-whisper's rules.
+
+One call decodes any number of windows, each with its own prompt (previous text, language, task,
+timestamps or not), temperature and beam size.  Windows that share a beam size share one batch:
+rows of different prompt lengths are prefilled together and stepped together, a finished row (or a
+finished beam group) leaves the batch through :meth:`WhisperDecoder.select`.
+
+The rules are openai-whisper's ``decoding.py`` (which faster-whisper/CTranslate2 and transformers
+follow): suppress the configured non-speech and control tokens, suppress blank and end-of-text as
+the first token, the timestamp-pair rules with the initial-timestamp limit and "a timestamp wins
+when all timestamps together outweigh the best text token"; greedy or sampling at a temperature; the
+beam search keeps ``beam_size`` live beams per window from each beam's ``beam_size + 1`` best
+continuations, collects ``beam_size x patience`` finished candidates, and ranks them by log
+probability over length (or the Google NMT length penalty).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+from oasr_models_hf.whisper.config import WhisperGeneration
+from oasr_models_hf.whisper.model import WhisperDecoder, WhisperDecoderState
+
+NEG_INF = float("-inf")
+
+
+@attrs.define
+class WindowTask:
+    """What to decode in one window.
+
+    ``prompt``: the initial tokens (``[<|startofprev|>, previous text...]`` then the SOT sequence,
+    ending with ``<|notimestamps|>`` when ``timestamps`` is False); ``sot_index``: where
+    ``<|startoftranscript|>`` sits in it (its logits give the no-speech probability).
+    """
+
+    prompt: list[int]
+    sot_index: int
+    timestamps: bool
+    temperature: float = 0.0
+    beam_size: int | None = None
+    patience: float = 1.0
+    length_penalty: float | None = None
+    max_new_tokens: int = 224
+    #: "openai" (openai-whisper and CTranslate2) or "transformers" (GenerationMixin's beam search)
+    beam_style: str = "openai"
+
+
+@attrs.define
+class Candidate:
+    tokens: list[int]
+    sum_logprob: float
+    score: float
+
+
+@attrs.define
+class WindowResult:
+    """The decoded tokens of a window (end-of-text excluded, timestamp tokens kept) and their scores;
+    ``candidates`` ranked best first (beam search: every finished beam; otherwise the one result)."""
+
+    tokens: list[int]
+    sum_logprob: float
+    avg_logprob: float
+    no_speech_prob: float
+    temperature: float
+    candidates: list[Candidate]
+
+
+class LogitRules:
+    """openai-whisper's logit filters, applied in place to a batch of next-token logits."""
+
+    def __init__(self, gen: WhisperGeneration, vocab_size: int, device: torch.device):
+        specials = (gen.transcribe_id, gen.translate_id, gen.sot_id, gen.sot_prev_id, gen.sot_lm_id, gen.no_speech_id)
+        suppress = sorted({*gen.suppress_tokens, *(s for s in specials if s is not None)})
+        self.suppress = torch.tensor([t for t in suppress if 0 <= t < vocab_size], dtype=torch.long, device=device)
+        self.begin_suppress = torch.tensor(list(gen.begin_suppress_tokens), dtype=torch.long, device=device)
+        self.eot = gen.eot_id
+        self.no_timestamps = gen.no_timestamps_id
+        self.ts_begin = gen.timestamp_begin
+        self.max_initial = gen.max_initial_timestamp_index
+        self.ids = torch.arange(vocab_size, device=device)
+
+    def apply(self, logits: torch.Tensor, generated: Sequence[list[int]], timestamps: Sequence[bool]) -> None:
+        first = [j for j, seq in enumerate(generated) if not seq]
+        if first:
+            rows = torch.tensor(first, device=logits.device)
+            logits[rows[:, None], self.begin_suppress[None, :]] = NEG_INF
+        if self.suppress.numel():
+            logits[:, self.suppress] = NEG_INF
+        ts_rows = [j for j, flag in enumerate(timestamps) if flag]
+        if ts_rows:
+            self._timestamp_rules(logits, ts_rows, generated)
+
+    def _timestamp_rules(self, logits: torch.Tensor, rows: list[int], generated: Sequence[list[int]]) -> None:
+        ts_begin, eot = self.ts_begin, self.eot
+        forbid_text, forbid_ts, floor, initial = [], [], [], []
+        for j in rows:
+            seq = generated[j]
+            last = len(seq) >= 1 and seq[-1] >= ts_begin
+            penultimate = len(seq) < 2 or seq[-2] >= ts_begin
+            forbid_ts.append(last and penultimate)  # two timestamps in a row: text must follow
+            forbid_text.append(last and not penultimate)  # an open segment: close it (or end)
+            stamps = [t for t in seq if t >= ts_begin]
+            # timestamps never decrease, and a segment has non-zero length
+            floor.append(ts_begin if not stamps else (stamps[-1] if last and not penultimate else stamps[-1] + 1))
+            initial.append(not seq)
+        sub = logits[rows]
+        ids = self.ids[None, :]
+        dev = logits.device
+        as_col = lambda values, dtype=torch.bool: torch.tensor(values, dtype=dtype, device=dev)[:, None]  # noqa: E731
+        is_ts = ids >= ts_begin
+        mask = ids == self.no_timestamps
+        mask = mask | (as_col(forbid_ts) & is_ts) | (as_col(forbid_text) & (ids < eot))
+        mask = mask | (is_ts & (ids < as_col(floor, torch.long)))
+        first = as_col(initial)
+        mask = mask | (first & (ids < ts_begin))
+        if self.max_initial is not None:
+            mask = mask | (first & (ids > ts_begin + self.max_initial))
+        sub = sub.masked_fill(mask, NEG_INF)
+        logprobs = F.log_softmax(sub.float(), dim=-1)
+        ts_mass = logprobs[:, ts_begin:].logsumexp(dim=-1)
+        best_text = logprobs[:, :ts_begin].max(dim=-1).values
+        sub[(ts_mass > best_text)[:, None] & (ids < ts_begin)] = NEG_INF
+        logits[rows] = sub
+
+
+def _pad_prompts(prompts: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    longest = max(len(p) for p in prompts)
+    tokens = torch.zeros(len(prompts), longest, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        tokens[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+    lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+    return tokens.to(device), lengths.to(device)
+
+
+def _prefill(decoder: WhisperDecoder, cross, tasks: list[WindowTask], no_speech_id: int | None, device: torch.device,
+             ) -> tuple[WhisperDecoderState, torch.Tensor, list[float]]:
+    tokens, lengths = _pad_prompts([t.prompt for t in tasks], device)
+    capacity = int(lengths.max()) + max(t.max_new_tokens for t in tasks) + 1
+    state, hidden = decoder.prefill(cross, tokens, lengths, capacity=capacity)
+    rows = torch.arange(len(tasks), device=device)
+    logits = decoder.logits(hidden[rows, lengths - 1]).float()
+    if no_speech_id is None:
+        return state, logits, [math.nan] * len(tasks)
+    sot = torch.tensor([t.sot_index for t in tasks], device=device)
+    probs = decoder.logits(hidden[rows, sot]).float().softmax(dim=-1)[:, no_speech_id]
+    return state, logits, probs.tolist()
+
+
+def _length_limit(task: WindowTask, n_ctx: int) -> int:
+    """New tokens a row may add: its own limit, and the decoder's positions (openai stops once the
+    whole sequence exceeds n_ctx)."""
+    return min(task.max_new_tokens, n_ctx + 1 - len(task.prompt))
+
+
+def _select(logits: torch.Tensor, temperatures: list[float], generator: torch.Generator | None) -> torch.Tensor:
+    chosen = logits.argmax(dim=-1)
+    sampled = [j for j, t in enumerate(temperatures) if t > 0]
+    if sampled:
+        rows = torch.tensor(sampled, device=logits.device)
+        temps = torch.tensor([temperatures[j] for j in sampled], device=logits.device)[:, None]
+        probs = (logits[rows] / temps).softmax(dim=-1)
+        chosen[rows] = torch.multinomial(probs, 1, generator=generator)[:, 0]
+    return chosen
+
+
+def _greedy(decoder: WhisperDecoder, cross, tasks: list[WindowTask], rules: LogitRules, gen: WhisperGeneration,
+            device: torch.device, generator: torch.Generator | None) -> list[WindowResult]:
+    state, logits, no_speech = _prefill(decoder, cross, tasks, gen.no_speech_id, device)
+    n_ctx = decoder.max_positions
+    generated: list[list[int]] = [[] for _ in tasks]
+    sum_lp = [0.0] * len(tasks)
+    # ``rows``: the task of each batch row.  A finished row rides along (fed end-of-text) until a
+    # quarter of the batch has finished: dropping rows copies every other row's K/V, so it is batched.
+    rows = [i for i, t in enumerate(tasks) if _length_limit(t, n_ctx) > 0]
+    if len(rows) < len(tasks):
+        state, logits = decoder.select(state, rows), logits[rows]
+    live = list(range(len(rows)))  # batch positions still generating
+    while live:
+        sub = logits if len(live) == len(rows) else logits[live]
+        rules.apply(sub, [generated[rows[j]] for j in live], [tasks[rows[j]].timestamps for j in live])
+        chosen = _select(sub, [tasks[rows[j]].temperature for j in live], generator)
+        logprobs = F.log_softmax(sub, dim=-1).gather(1, chosen[:, None])[:, 0]
+        still, full = [], False
+        for j, token, lp in zip(live, chosen.tolist(), logprobs.tolist()):
+            i = rows[j]
+            generated[i].append(token)
+            sum_lp[i] += lp
+            if token != gen.eot_id and len(generated[i]) < _length_limit(tasks[i], n_ctx):
+                still.append(j)
+            elif len(tasks[i].prompt) + len(generated[i]) >= n_ctx:
+                full = True  # this row has no position left to ride along in
+        if not still:
+            break
+        feed = torch.full((len(rows),), gen.eot_id, dtype=torch.long, device=device)
+        feed[live] = chosen
+        if full or len(rows) - len(still) >= max(1, len(rows) // 4):
+            state, feed = decoder.select(state, still), feed[still]
+            rows = [rows[j] for j in still]
+            still = list(range(len(rows)))
+        live = still
+        logits = decoder.step(state, feed).float()
+    results = []
+    for i, task in enumerate(tasks):
+        tokens = generated[i][:-1] if generated[i] and generated[i][-1] == gen.eot_id else generated[i]
+        avg = sum_lp[i] / (len(tokens) + 1)
+        results.append(WindowResult(tokens, sum_lp[i], avg, no_speech[i], task.temperature,
+                                    [Candidate(tokens, sum_lp[i], avg)]))
+    return results
+
+
+def _rank(candidates: dict[tuple[int, ...], float], eot: int, length_penalty: float | None) -> list[Candidate]:
+    out = []
+    for seq, logprob in candidates.items():
+        tokens = list(seq[:-1]) if seq and seq[-1] == eot else list(seq)
+        length = len(tokens)
+        penalty = length if length_penalty is None else ((5 + length) / 6) ** length_penalty
+        out.append(Candidate(tokens, logprob, logprob / penalty if penalty else NEG_INF))
+    # stable: the earlier-finished candidate wins a tie, as argmax over insertion order does
+    return sorted(out, key=lambda c: c.score, reverse=True)
+
+
+def _beam(decoder: WhisperDecoder, cross, tasks: list[WindowTask], rules: LogitRules, gen: WhisperGeneration,
+          device: torch.device, beam: int) -> list[WindowResult]:
+    eot, n_ctx = gen.eot_id, decoder.max_positions
+    state, logits, no_speech = _prefill(decoder, cross, tasks, gen.no_speech_id, device)
+    expand = [i for i in range(len(tasks)) for _ in range(beam)]
+    state, logits = decoder.select(state, expand), logits[expand]
+    # row r of the batch is beam (r % beam) of window alive[r // beam]
+    alive = [i for i, t in enumerate(tasks) if _length_limit(t, n_ctx) > 0]
+    if len(alive) < len(tasks):
+        keep = [r for r, i in enumerate(expand) if i in set(alive)]
+        state, logits = decoder.select(state, keep), logits[keep]
+    beams: list[list[tuple[int, ...]]] = [[()] * beam for _ in tasks]
+    sums: list[list[float]] = [[0.0] * beam for _ in tasks]
+    finished: list[dict[tuple[int, ...], float]] = [{} for _ in tasks]
+    max_candidates = [max(1, round(beam * t.patience)) for t in tasks]
+    while alive:
+        generated = [list(beams[i][b]) for i in alive for b in range(beam)]
+        rules.apply(logits, generated, [tasks[i].timestamps for i in alive for _ in range(beam)])
+        top_lp, top_ids = F.log_softmax(logits, dim=-1).topk(beam + 1, dim=-1)
+        top_lp, top_ids = top_lp.tolist(), top_ids.tolist()
+        sources, next_tokens, still = [], [], []
+        for a, i in enumerate(alive):
+            scores: dict[tuple[int, ...], float] = {}
+            origin: dict[tuple[int, ...], int] = {}
+            for b in range(beam):
+                row = a * beam + b
+                for lp, token in zip(top_lp[row], top_ids[row]):
+                    seq = beams[i][b] + (token,)
+                    scores[seq] = sums[i][b] + lp
+                    origin[seq] = row
+            kept: list[tuple[int, ...]] = []
+            newly: dict[tuple[int, ...], float] = {}
+            for seq in sorted(scores, key=scores.get, reverse=True):
+                if seq[-1] == eot:
+                    newly[seq] = scores[seq]
+                else:
+                    kept.append(seq)
+                    if len(kept) == beam:
+                        break
+            for seq in sorted(newly, key=newly.get, reverse=True):
+                if len(finished[i]) >= max_candidates[i]:
+                    break
+                finished[i][seq] = newly[seq]
+            beams[i], sums[i] = kept, [scores[s] for s in kept]
+            out_of_room = len(kept[0]) >= _length_limit(tasks[i], n_ctx)
+            if len(finished[i]) >= max_candidates[i] or out_of_room:
+                continue
+            still.append(i)
+            sources.extend(origin[s] for s in kept)
+            next_tokens.extend(s[-1] for s in kept)
+        alive = still
+        if not alive:
+            break
+        state = decoder.select(state, sources)
+        logits = decoder.step(state, torch.tensor(next_tokens, device=device)).float()
+    results = []
+    for i, task in enumerate(tasks):
+        pool = finished[i]
+        if len(pool) < beam:  # not enough finished beams: the live ones count, best first
+            for b in sorted(range(len(beams[i])), key=lambda b: sums[i][b], reverse=True):
+                pool[beams[i][b] + (eot,)] = sums[i][b]
+                if len(pool) >= beam:
+                    break
+        ranked = _rank(pool, eot, task.length_penalty)
+        best = ranked[0]
+        avg = best.sum_logprob / (len(best.tokens) + 1)
+        results.append(WindowResult(best.tokens, best.sum_logprob, avg, no_speech[i], task.temperature, ranked))
+    return results
+
+
+def _beam_transformers(decoder: WhisperDecoder, cross, tasks: list[WindowTask], rules: LogitRules,
+                       gen: WhisperGeneration, device: torch.device, beam: int) -> list[WindowResult]:
+    """transformers' beam search (its defaults: length penalty 1, ``early_stopping=False``).
+
+    Unlike openai-whisper's, beams are scored on log-probabilities taken before the suppress masks,
+    the 2 x beam best continuations are drawn from all beams at once, only those among the best
+    ``beam`` may finish, a finished beam scores log-probability / generated length (end-of-text
+    included), and a window stops once no live beam can beat its worst finished one.
+    """
+    eot, n_ctx = gen.eot_id, decoder.max_positions
+    state, logits, no_speech = _prefill(decoder, cross, tasks, gen.no_speech_id, device)
+    vocab = logits.shape[-1]
+    beams: list[list[tuple[int, ...]]] = [[()] * beam for _ in tasks]
+    scores: list[list[float]] = [[0.0] + [-1e9] * (beam - 1) for _ in tasks]  # only beam 0 starts
+    finished: list[list[tuple[float, tuple[int, ...]]]] = [[] for _ in tasks]
+    alive = [i for i, t in enumerate(tasks) if _length_limit(t, n_ctx) > 0]
+    expand = [i for i in alive for _ in range(beam)]
+    state, logits = decoder.select(state, expand), logits[expand]
+    step = 0
+    while alive:
+        step += 1
+        logprobs = F.log_softmax(logits, dim=-1)
+        rules.apply(logprobs, [list(beams[i][b]) for i in alive for b in range(beam)],
+                    [tasks[i].timestamps for i in alive for _ in range(beam)])
+        running = torch.tensor([scores[i] for i in alive], device=logprobs.device)
+        total = (logprobs.view(len(alive), beam, vocab) + running[:, :, None]).view(len(alive), -1)
+        top_lp, top_idx = total.topk(2 * beam, dim=-1)
+        top_lp, top_idx = top_lp.tolist(), top_idx.tolist()
+        still, sources, next_tokens = [], [], []
+        for a, i in enumerate(alive):
+            done_by_length = step >= _length_limit(tasks[i], n_ctx)
+            cands = []
+            for rank, (lp, flat) in enumerate(zip(top_lp[a], top_idx[a])):
+                b, token = divmod(flat, vocab)
+                cands.append((lp, beams[i][b] + (token,), a * beam + b, token == eot or done_by_length, rank))
+            # the live beams: the best continuations that did not stop
+            live = sorted(cands, key=lambda c: c[0] - (1e9 if c[3] else 0.0), reverse=True)[:beam]
+            beams[i] = [c[1] for c in live]
+            scores[i] = [c[0] - (1e9 if c[3] else 0.0) for c in live]
+            # the finished beams: among the best ``beam`` continuations, those that stopped
+            new = [(c[0] / step, c[1]) for c in cands if c[3] and c[4] < beam]
+            finished[i] = sorted(finished[i] + new, key=lambda f: f[0], reverse=True)[:beam]
+            best_possible = scores[i][0] / step
+            improvable = len(finished[i]) < beam or best_possible > finished[i][-1][0]
+            if not improvable or all(c[3] for c in cands):
+                continue
+            still.append(i)
+            sources.extend(c[2] for c in live)
+            next_tokens.extend(c[1][-1] for c in live)
+        alive = still
+        if not alive:
+            break
+        state = decoder.select(state, sources)
+        logits = decoder.step(state, torch.tensor(next_tokens, device=device)).float()
+    results = []
+    for i, task in enumerate(tasks):
+        pool = finished[i] or [(scores[i][0], beams[i][0])]
+        ranked = [Candidate(list(seq[:-1]) if seq and seq[-1] == eot else list(seq), score * max(1, len(seq)), score)
+                  for score, seq in pool]
+        best = ranked[0]
+        avg = best.sum_logprob / (len(best.tokens) + 1)
+        results.append(WindowResult(best.tokens, best.sum_logprob, avg, no_speech[i], task.temperature, ranked))
+    return results
+
+
+def search_windows(decoder: WhisperDecoder, cross_k: list[torch.Tensor], cross_v: list[torch.Tensor],
+                   tasks: list[WindowTask], gen: WhisperGeneration, *,
+                   generator: torch.Generator | None = None) -> list[WindowResult]:
+    """Decode window ``i`` of the cross-attention K/V (per layer (N, H, S, Dh)) with ``tasks[i]``."""
+    if len(tasks) != cross_k[0].shape[0]:
+        raise ValueError(f"{len(tasks)} tasks for {cross_k[0].shape[0]} encoded windows")
+    device = cross_k[0].device
+    rules = LogitRules(gen, decoder.embed_tokens.num_embeddings, device)
+    groups: dict[tuple[int, str], list[int]] = {}
+    for i, task in enumerate(tasks):
+        width = task.beam_size if (task.beam_size and task.temperature == 0) else 1
+        groups.setdefault((width, task.beam_style if width > 1 else ""), []).append(i)
+    results: list[WindowResult | None] = [None] * len(tasks)
+    for (width, style), members in groups.items():
+        if len(members) == len(tasks):
+            cross = (cross_k, cross_v)
+        else:
+            index = torch.tensor(members, device=device)
+            cross = ([k.index_select(0, index) for k in cross_k], [v.index_select(0, index) for v in cross_v])
+        subset = [tasks[i] for i in members]
+        if width == 1:
+            out = _greedy(decoder, cross, subset, rules, gen, device, generator)
+        elif style == "transformers":
+            out = _beam_transformers(decoder, cross, subset, rules, gen, device, width)
+        else:
+            out = _beam(decoder, cross, subset, rules, gen, device, width)
+        for i, result in zip(members, out):
+            results[i] = result
+    return results  # type: ignore[return-value]

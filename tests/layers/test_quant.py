@@ -1,0 +1,97 @@
+"""int8 weights for the waist's linears (oasr.layers.quant)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from oasr import layers
+from oasr.errors import CheckpointFormatError
+from oasr.layers.quant import SCHEME, is_quantized, prepare_quantized, quantize_model_int8
+from oasr.models.specs import QuantLayout
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = layers.Embedding(50, 32)
+        self.up = layers.LinearActivation(32, 64, "gelu")
+        self.down = layers.Linear(64, 32)
+        self.keep = layers.Linear(32, 32)
+        self.head = layers.Linear(32, 50, bias=False)
+        self.head.weight = self.embed.weight  # tied, as Whisper's output projection
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        x = self.keep(x + self.down(self.up(x)))
+        return self.head(x)
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    return Tiny().eval()
+
+
+def test_storage_is_int8_per_output_channel(model):
+    weight = model.down.weight.detach().clone()
+    section = quantize_model_int8(model, QuantLayout(keep_full_precision=("keep",)))
+    assert section["scheme"] == SCHEME and sorted(section["layers"]) == ["down", "head", "up"]
+    assert model.down.weight.dtype == torch.int8 and model.down.weight_scale.shape == (32,)
+    assert torch.allclose(model.down.weight_scale, weight.abs().amax(dim=1) / 127)
+    restored = model.down.weight.float() * model.down.weight_scale[:, None]
+    assert bool(((restored - weight).abs() <= model.down.weight_scale[:, None] / 2 + 1e-7).all())
+    assert model.keep.weight.dtype == torch.float32 and model.keep._int8 is None
+    # the tied projection got its own int8 copy; the embedding table stays floating point
+    assert model.embed.weight.dtype == torch.float32 and model.head.weight.dtype == torch.int8
+    assert is_quantized(model)
+
+
+def test_outputs_stay_close_to_float(model):
+    ids = torch.randint(0, 50, (4, 7))
+    with torch.no_grad():
+        ref = model(ids)
+        quantize_model_int8(model)
+        got = model(ids)
+    assert got.shape == ref.shape
+    assert (got - ref).abs().max() <= 0.05 * ref.abs().max()
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
+
+
+def test_int8_gemm_equals_dequantized_weights_up_to_activation_rounding(model):
+    """The fbgemm path computes with the stored int8 weights: it matches x @ dequant(W).T within the
+    8-bit rounding of x alone."""
+    quantize_model_int8(model)
+    lin = model.down
+    x = torch.randn(5, 64)
+    with torch.no_grad():
+        got = lin(x)
+        weight = lin.weight.float() * lin.weight_scale[:, None]
+        exact = torch.nn.functional.linear(x, weight, lin.bias)
+        step = (x.max() - x.min()) / 255  # per-tensor uint8 activation step
+        bound = step / 2 * weight.abs().sum(dim=1).max() + 1e-4
+    assert (got - exact).abs().max() <= bound
+
+
+def test_a_quantized_state_dict_loads_into_a_prepared_model(model):
+    ids = torch.randint(0, 50, (2, 5))
+    section = quantize_model_int8(model)
+    with torch.no_grad():
+        want = model(ids)
+    state = model.state_dict()
+    torch.manual_seed(1)
+    fresh = Tiny().eval()
+    prepare_quantized(fresh, section)
+    with torch.no_grad():
+        fresh(ids)  # packs the placeholder weights: the load below must replace them
+    fresh.load_state_dict(state)
+    with torch.no_grad():
+        assert torch.equal(fresh(ids), want)
+
+
+def test_bad_quantization_sections_are_refused(model):
+    with pytest.raises(CheckpointFormatError, match="scheme"):
+        prepare_quantized(model, {"scheme": "fp4", "layers": []})
+    with pytest.raises(CheckpointFormatError, match="embed"):
+        prepare_quantized(model, {"scheme": SCHEME, "layers": ["embed"]})
