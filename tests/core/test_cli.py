@@ -41,3 +41,28 @@ def test_an_unrecognized_checkpoint_is_one_clear_line(tmp_path, capsys):
     assert main(["convert", str(tmp_path / "empty"), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("oasr: error: no converter recognizes") and "Traceback" not in err
+
+
+def test_convert_int8_writes_a_format_2_bundle_that_loads(tmp_path):
+    import torch
+
+    from oasr.models import load_pretrained
+    from oasr_tinyctc.convert import write_checkpoint
+
+    register_model("tinyctc", "oasr_tinyctc.model:TinyCtcModel", "oasr_tinyctc.model:TinyCtcConfig",
+                   "oasr_tinyctc.convert:TinyCtcConverter", distribution="tests")
+    try:
+        src = write_checkpoint(tmp_path / "src", seed=2)
+        assert main(["convert", str(src), str(tmp_path / "q"), "--quantization", "int8"]) == 0
+        config = json.loads((tmp_path / "q" / "oasr_config.json").read_text())
+        assert config["format_version"] == 2 and "ctc" in config["quantization"]["layers"]
+        fp32 = load_pretrained(src).model
+        int8 = load_pretrained(tmp_path / "q").model
+        feats = torch.randn(1, 40, 80, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            a, _ = fp32.forward_offline(feats, torch.tensor([40]))
+            b, _ = int8.forward_offline(feats, torch.tensor([40]))
+        assert not torch.equal(a, b)  # the weights really are int8
+        assert (a.exp() - b.exp()).abs().max() < 0.05  # and still close to fp32
+    finally:
+        unregister_model("tinyctc")

@@ -85,10 +85,10 @@ class Engine:
         model_cls = type(self.model)
         self.model.configure(serde.structure_options(
             config.model_options, model_cls.options_class, what=f"model option(s) for {model_cls.__name__}"))
-        if config.quantization == "int8":
+        if config.quantization == "int8" and not loaded.quantization:
             from oasr.layers.quant import quantize_model_int8
 
-            quantize_model_int8(self.model)
+            loaded.quantization = quantize_model_int8(self.model)
         from oasr.features import FeatureConfig
         from oasr.tokenizers import build_tokenizer
 
