@@ -37,4 +37,5 @@ if ! command -v espeak-ng >/dev/null 2>&1; then
     fi
 fi
 export OASR_TEST_ASSETS="$ASSETS"
+"$VENV/bin/ruff" check .
 exec "$VENV/bin/python" -m pytest -n 2 --dist loadfile "$@"
