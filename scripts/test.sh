@@ -38,4 +38,19 @@ if ! command -v espeak-ng >/dev/null 2>&1; then
 fi
 export OASR_TEST_ASSETS="$ASSETS"
 "$VENV/bin/ruff" check .
-exec "$VENV/bin/python" -m pytest -n 2 --dist loadfile "$@"
+JUNIT="$ROOT/.cache/junit.xml"
+status=0
+"$VENV/bin/python" -m pytest -n 2 --dist loadfile --junitxml="$JUNIT" "$@" || status=$?
+# A run that silently lost tests (a module that stopped collecting, a fixture that skips) fails too.
+if [ "$status" = "0" ] && [ "$#" = "0" ]; then
+    "$VENV/bin/python" - "$JUNIT" "$ROOT/tests/MIN_TESTS" <<'PY' || status=1
+import sys, xml.etree.ElementTree as ET
+suite = ET.parse(sys.argv[1]).getroot()
+suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+ran = int(suite.get("tests")) - int(suite.get("skipped"))
+expected = int(open(sys.argv[2]).read().split()[0])
+print(f"tests run: {ran} (at least {expected} expected, {suite.get('skipped')} skipped)")
+sys.exit(0 if ran >= expected else 1)
+PY
+fi
+exit "$status"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -27,3 +28,27 @@ def run_python(code: str, *, env: dict[str, str] | None = None, pythonpath: list
         full_env["PYTHONPATH"] = os.pathsep.join([*map(str, pythonpath), full_env.get("PYTHONPATH", "")])
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env,
                           timeout=timeout)
+
+
+@contextlib.contextmanager
+def registered_model(name: str, model: str, config: str, converter):
+    """Register an architecture for the duration of a block, restoring whatever was there before
+    (tests share one registry per process, so a test must not remove another test's registration)."""
+    from oasr import plugins
+
+    models = plugins.registry("models")
+    previous = models.remove(name)
+    models.add(name, model, distribution="tests", config=config, converter=converter, description="")
+    try:
+        yield
+    finally:
+        models.remove(name)
+        if previous is not None:
+            models.put(previous)
+
+
+def tinyctc_registered(converter="oasr_tinyctc.convert:TinyCtcConverter"):
+    """The example plugin's ``tinyctc`` architecture, registered in-process for a block."""
+    ensure_tinyctc_importable()
+    return registered_model("tinyctc", "oasr_tinyctc.model:TinyCtcModel", "oasr_tinyctc.model:TinyCtcConfig",
+                            converter)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 from oasr.cli import main
-from oasr.models import register_model, unregister_model
-from tests.helpers import ensure_tinyctc_importable
+from tests.helpers import ensure_tinyctc_importable, tinyctc_registered
 
 ensure_tinyctc_importable()
 
@@ -20,9 +19,7 @@ def test_models_lists_registered_architectures(capsys):
 def test_convert_writes_a_native_bundle(tmp_path, capsys):
     from oasr_tinyctc.convert import write_checkpoint
 
-    register_model("tinyctc", "oasr_tinyctc.model:TinyCtcModel", "oasr_tinyctc.model:TinyCtcConfig",
-                   "oasr_tinyctc.convert:TinyCtcConverter", distribution="tests")
-    try:
+    with tinyctc_registered():
         src = write_checkpoint(tmp_path / "src")
         assert main(["convert", str(src), str(tmp_path / "bundle")]) == 0
         assert "wrote native bundle" in capsys.readouterr().out
@@ -32,8 +29,6 @@ def test_convert_writes_a_native_bundle(tmp_path, capsys):
         assert main(["convert", str(src), str(tmp_path / "bundle")]) == 2
         assert "exists and is not empty" in capsys.readouterr().err
         assert main(["convert", str(src), str(tmp_path / "bundle"), "--force"]) == 0
-    finally:
-        unregister_model("tinyctc")
 
 
 def test_an_unrecognized_checkpoint_is_one_clear_line(tmp_path, capsys):
@@ -49,9 +44,7 @@ def test_convert_int8_writes_a_format_2_bundle_that_loads(tmp_path):
     from oasr.models import load_pretrained
     from oasr_tinyctc.convert import write_checkpoint
 
-    register_model("tinyctc", "oasr_tinyctc.model:TinyCtcModel", "oasr_tinyctc.model:TinyCtcConfig",
-                   "oasr_tinyctc.convert:TinyCtcConverter", distribution="tests")
-    try:
+    with tinyctc_registered():
         src = write_checkpoint(tmp_path / "src", seed=2)
         assert main(["convert", str(src), str(tmp_path / "q"), "--quantization", "int8"]) == 0
         config = json.loads((tmp_path / "q" / "oasr_config.json").read_text())
@@ -64,5 +57,3 @@ def test_convert_int8_writes_a_format_2_bundle_that_loads(tmp_path):
             b, _ = int8.forward_offline(feats, torch.tensor([40]))
         assert not torch.equal(a, b)  # the weights really are int8
         assert (a.exp() - b.exp()).abs().max() < 0.05  # and still close to fp32
-    finally:
-        unregister_model("tinyctc")

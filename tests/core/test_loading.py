@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import textwrap
 import warnings
@@ -19,10 +20,8 @@ from oasr.models import (
     DETECT_NAMED_CONFIG,
     load_pretrained,
     load_torch_checkpoint,
-    register_model,
-    unregister_model,
 )
-from tests.helpers import TINYCTC_SRC, ensure_tinyctc_importable, run_python
+from tests.helpers import TINYCTC_SRC, ensure_tinyctc_importable, registered_model, run_python, tinyctc_registered
 
 ensure_tinyctc_importable()
 
@@ -50,12 +49,11 @@ def archs():
     """Three test architectures claiming directories by marker files at levels 30/20/10."""
     names = {"t_keyed": ("keyed.marker", DETECT_KEYED_VALUE), "t_named": ("named.marker", DETECT_NAMED_CONFIG),
              "t_asset": ("asset.marker", DETECT_ASSET_LAYOUT), "t_keyed2": ("keyed2.marker", DETECT_KEYED_VALUE)}
-    register_model("tinyctc", MODEL, CONFIG, TinyCtcConverter, distribution="tests")
-    for name, (marker, level) in names.items():
-        register_model(name, MODEL, CONFIG, _marker_converter(marker, level, name), distribution="tests")
-    yield names
-    for name in [*names, "tinyctc"]:
-        unregister_model(name)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(tinyctc_registered(TinyCtcConverter))
+        for name, (marker, level) in names.items():
+            stack.enter_context(registered_model(name, MODEL, CONFIG, _marker_converter(marker, level, name)))
+        yield names
 
 
 def _ckpt(tmp_path: Path, *markers: str) -> Path:
@@ -190,14 +188,11 @@ def test_native_bundle_loads_with_other_families_uninstalled(tmp_path):
     """))
     assert result.returncode == 0, result.stderr
     assert "oasr_tinyctc.convert" not in result.stdout and "transformers" not in result.stdout
-    register_model("tinyctc", MODEL, CONFIG, TinyCtcConverter, distribution="tests")
-    try:
+    with tinyctc_registered(TinyCtcConverter):
         model = load_pretrained(src).model
         feats = torch.randn(2, 30, 80, generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
             expected, _ = model.forward_offline(feats, torch.tensor([30, 21]))
-    finally:
-        unregister_model("tinyctc")
     assert torch.equal(torch.load(tmp_path / "native_out.pt"), expected)
 
 
@@ -261,9 +256,8 @@ class _HintedConverter(TinyCtcConverter):
 
 @pytest.fixture
 def hinted():
-    register_model("tinyctc", MODEL, CONFIG, _HintedConverter, distribution="tests")
-    yield
-    unregister_model("tinyctc")
+    with tinyctc_registered(_HintedConverter):
+        yield
 
 
 def _save_state(path: Path, state: dict) -> None:
@@ -284,8 +278,11 @@ def test_expected_unused_is_silent_and_hints_warn_by_name(hinted, tmp_path):
         load_pretrained(path)
     state["mystery.weight"] = torch.zeros(3)
     _save_state(path, state)
-    with pytest.warns(RuntimeWarning, match="1 checkpoint tensor.*not used.*mystery.weight"):
+    with pytest.warns(RuntimeWarning) as caught:
         load_pretrained(path)
+    messages = [str(w.message) for w in caught]
+    assert any("1 checkpoint tensor(s) were not used by the model: mystery.weight" in m for m in messages)
+    assert any("ctc_aed_rescoring is unavailable" in m for m in messages)
 
 
 def test_an_unfilled_model_tensor_is_a_load_error_with_the_hints(hinted, tmp_path):

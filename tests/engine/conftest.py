@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from oasr.models import register_model, unregister_model
-from tests.helpers import ensure_tinyctc_importable
+from tests.helpers import ensure_tinyctc_importable, tinyctc_registered
 
 ensure_tinyctc_importable()
 
@@ -15,11 +14,8 @@ ensure_tinyctc_importable()
 def tinyctc_dir(tmp_path_factory):
     from oasr_tinyctc.convert import write_checkpoint
 
-    register_model("tinyctc", "oasr_tinyctc.model:TinyCtcModel", "oasr_tinyctc.model:TinyCtcConfig",
-                   "oasr_tinyctc.convert:TinyCtcConverter", distribution="tests")
-    path = write_checkpoint(tmp_path_factory.mktemp("tinyctc") / "ckpt", seed=1)
-    yield path
-    unregister_model("tinyctc")
+    with tinyctc_registered():
+        yield write_checkpoint(tmp_path_factory.mktemp("tinyctc") / "ckpt", seed=1)
 
 
 def synth(seconds: float, seed: int, sr: int = 16000) -> np.ndarray:

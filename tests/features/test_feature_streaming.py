@@ -95,3 +95,16 @@ def test_single_slot_calls_return_a_tensor(signal):
 def test_unstreamable_configs_are_refused_at_construction(config, reason):
     with pytest.raises(CapabilityError, match=reason):
         BatchedStreamingFeatureExtractor(config, batch_size=1)
+
+
+def test_workspaces_made_under_inference_mode_serve_later_calls():
+    """A batch computed inside torch.inference_mode (as the engine does) must not poison the cached
+    workspaces for a later call outside it."""
+    from oasr.features import FeatureConfig, extract_features_batch
+
+    config = FeatureConfig(feature_type="kaldi_fbank", num_mel_bins=23)
+    wave = [torch.sin(torch.arange(8000) * 0.05)]
+    with torch.inference_mode():
+        first, _ = extract_features_batch(wave, config)
+    second, _ = extract_features_batch(wave, config)
+    assert torch.equal(first, second)

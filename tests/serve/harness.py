@@ -19,10 +19,9 @@ import numpy as np
 import soundfile as sf
 
 from oasr.engine import Engine, EngineConfig
-from oasr.models import list_models, register_model, unregister_model
 from oasr.serve.app import create_app
 from oasr.serve.settings import ServerSettings
-from tests.helpers import REPO, ensure_tinyctc_importable
+from tests.helpers import REPO, ensure_tinyctc_importable, tinyctc_registered
 
 ensure_tinyctc_importable()
 
@@ -75,17 +74,10 @@ class ServerThread:
 
 def tinyctc_engine(path: Path, **config) -> Engine:
     """An engine on a random tinyctc checkpoint (the architecture is registered only while it loads)."""
-    registered = "tinyctc" in list_models()
-    if not registered:
-        register_model("tinyctc", "oasr_tinyctc.model:TinyCtcModel", "oasr_tinyctc.model:TinyCtcConfig",
-                       "oasr_tinyctc.convert:TinyCtcConverter", distribution="tests")
-    try:
+    with tinyctc_registered():
         if not (path / "tinyctc.json").exists():
             write_checkpoint(path, seed=1)
         return Engine(EngineConfig(model=str(path), **config))
-    finally:
-        if not registered:
-            unregister_model("tinyctc")
 
 
 @contextlib.contextmanager

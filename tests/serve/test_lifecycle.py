@@ -15,10 +15,10 @@ import openai
 import pytest
 
 from oasr.engine import EngineConfig
-from oasr.models import list_models, register_model, unregister_model
 from oasr.serve.app import create_app
 from oasr.serve.settings import ServerSettings
 from tests.helpers import TINYCTC_SRC
+from tests.helpers import tinyctc_registered as tinyctc_block
 from tests.serve.harness import MODEL_NAME, WAIT, ServerThread, gated, serving, tinyctc_engine, wait_until
 
 
@@ -85,13 +85,8 @@ def _refused(port: int) -> bool:
 
 @pytest.fixture
 def tinyctc_registered():
-    registered = "tinyctc" in list_models()
-    if not registered:
-        register_model("tinyctc", "oasr_tinyctc.model:TinyCtcModel", "oasr_tinyctc.model:TinyCtcConfig",
-                       "oasr_tinyctc.convert:TinyCtcConverter", distribution="tests")
-    yield
-    if not registered:
-        unregister_model("tinyctc")
+    with tinyctc_block():
+        yield
 
 
 def test_an_app_from_a_config_loads_in_the_background(tinyctc_registered, ckpt_dir, reference, speech):

@@ -114,8 +114,13 @@ class Registry:
         self._entries[name] = entry
         return entry
 
-    def remove(self, name: str) -> None:
-        self._entries.pop(name, None)
+    def remove(self, name: str) -> Entry | None:
+        """Drop ``name``; returns the entry it had (for :meth:`put` to restore)."""
+        return self._entries.pop(name, None)
+
+    def put(self, entry: Entry) -> None:
+        """Reinstate an entry returned by :meth:`remove`."""
+        self._entries[entry.name] = entry
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries

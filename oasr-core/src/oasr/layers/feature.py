@@ -222,10 +222,13 @@ def _workspace(device: torch.device, rows: int, n_fft: int, span: int, mel_cols:
                ceps_cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(frame buffer with a zero tail past ``span``, spectrum, mel, cepstra, energy) of ``rows`` rows."""
     def fresh(count: int) -> tuple:
-        return (torch.zeros(count, n_fft, device=device),
-                torch.empty(count, n_fft // 2 + 1, dtype=torch.complex64, device=device),
-                torch.empty(count, mel_cols, device=device), torch.empty(count, ceps_cols, device=device),
-                torch.ones(count, device=device))
+        # normal (not inference) tensors: a workspace made under inference_mode could not be written
+        # by a later call outside it
+        with torch.inference_mode(False):
+            return (torch.zeros(count, n_fft, device=device),
+                    torch.empty(count, n_fft // 2 + 1, dtype=torch.complex64, device=device),
+                    torch.empty(count, mel_cols, device=device), torch.empty(count, ceps_cols, device=device),
+                    torch.ones(count, device=device))
 
     if device.type != "cpu":
         return fresh(rows)
