@@ -1,9 +1,9 @@
 """The server on the streaming engine (WeNet U2++ fixture, chunk 4): realtime deltas while audio is
 still arriving, and partial results on ``stream=true`` uploads.
 
-The expected transcript is the same engine configuration transcribing the whole audio in-process
-(``Engine.transcribe`` in streaming mode): how the audio was cut into appends must not change it.
-Full-attention offline decoding of this causal model is a different computation and is not compared.
+The expected transcript is offline transcription of the same audio with WeNet's
+``decoding_chunk_size`` (the chunk attention mask the model streams with); the in-process streaming
+engine must agree with it too, so how the audio was cut into appends cannot change the result.
 """
 
 from __future__ import annotations
@@ -37,7 +37,11 @@ def pcm() -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def expected(fixtures_dir, pcm) -> str:
-    text = Engine(_streaming_config(fixtures_dir)).transcribe(pcm.astype(np.float32) / 32768.0, sample_rate=16000)
+    audio = pcm.astype(np.float32) / 32768.0
+    offline = Engine(EngineConfig(model=str(fixtures_dir / "wenet_u2pp" / "model"),
+                                  model_options={"decoding_chunk_size": 4}))
+    text = offline.transcribe(audio, sample_rate=16000)
+    assert Engine(_streaming_config(fixtures_dir)).transcribe(audio, sample_rate=16000) == text
     assert len(text) > 3
     return text
 
