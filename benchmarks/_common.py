@@ -10,16 +10,19 @@ import numpy as np
 import torch
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, "
+    return platform.processor() or platform.machine()
+
+
+def machine() -> str:
+    return (f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, "
             f"{torch.get_num_threads()} intra-op thread(s), Python {platform.python_version()}")
 
 

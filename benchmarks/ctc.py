@@ -20,23 +20,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import platform
 import time
 import warnings
 
 import numpy as np
 import torch
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from _common import cpu_model
 
 
 def synthetic_log_probs(batch: int, frames: int, vocab: int, seed: int = 0) -> torch.Tensor:
@@ -129,7 +118,7 @@ def main() -> None:
         same_text += beams[0][0] == ours
 
     audio_frames = args.batch * args.frames
-    print(f"machine: {_cpu_model()}, {os.cpu_count()} cpus, torch {torch.__version__}, one thread")
+    print(f"machine: {cpu_model()}, {os.cpu_count()} cpus, torch {torch.__version__}, one thread")
     print(f"batch {args.batch} x {args.frames} frames, vocab {args.vocab}, beam {args.beam}; "
           f"argmax is blank on {blank_share:.0%} of frames")
     for name, seconds in (("oasr kernel (numba)", t_kernel), ("oasr reference (Python)", t_reference),

@@ -21,17 +21,7 @@ import time
 
 import numpy as np
 import torch
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from _common import cpu_model
 
 
 def _speech_like(batch: int, samples: int) -> torch.Tensor:
@@ -127,7 +117,7 @@ def main() -> None:
 
     rate = {name: total_seconds / t for name, t in [("oasr", t_oasr), ("torchaudio", t_ta), ("knf", t_knf),
                                                      ("knf_compute", t_knf_compute)]}
-    print(f"machine: {_cpu_model()} ({platform.machine()}, {platform.system()}), torch {torch.__version__} "
+    print(f"machine: {cpu_model()} ({platform.machine()}, {platform.system()}), torch {torch.__version__} "
           f"(1 thread, MKL {torch.backends.mkl.is_available()}), torchaudio {torchaudio.__version__}, "
           f"kaldi-native-fbank {getattr(knf, '__version__', '?')}, python {platform.python_version()}")
     print(f"batch: {args.batch} x {args.seconds:g} s at 16 kHz = {total_seconds:g} s of audio; 80-bin povey fbank, "

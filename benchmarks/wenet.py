@@ -26,6 +26,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from _common import cpu_model
 from torch import nn
 
 from oasr_models_wenet.config import ConformerEncoderConfig, ConformerModelConfig
@@ -185,15 +186,7 @@ def make_batches(n_batches: int, batch_size: int, seed: int = 1) -> list[tuple[t
 
 
 def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{model}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch thread(s), torch {torch.__version__}, "
+    return (f"{cpu_model()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch thread(s), torch {torch.__version__}, "
             f"python {platform.python_version()}, {platform.system()} {platform.machine()}")
 
 

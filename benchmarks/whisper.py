@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 import torch
+from _common import cpu_model
 
 SAMPLE_RATE = 16000
 BECKETT_TEXT = "Ever tried. Ever failed. No matter. Try again. Fail again. Fail better."
@@ -239,15 +240,7 @@ class Transformers:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{cpu}, {os.cpu_count()} logical CPUs, 1 thread per system; torch {torch.__version__}, "
+    return (f"{cpu_model()}, {os.cpu_count()} logical CPUs, 1 thread per system; torch {torch.__version__}, "
             f"Python {platform.python_version()}")
 
 

@@ -143,13 +143,16 @@ class Engine:
         return self.strategy.family
 
     # -- admission -------------------------------------------------------------------------------------
-    def _load_audio(self, audio: Any, sample_rate: int | None) -> torch.Tensor:
+    def load_audio(self, audio: Any, sample_rate: int | None) -> np.ndarray:
+        """Any ``oasr.audio.load`` source as float32 samples at the model's rate.  ``sample_rate``
+        describes raw sample arrays; encoded audio (paths, bytes, files) carries its own."""
         from oasr.audio import load
 
-        # the rate describes raw sample arrays; encoded audio (paths, bytes, files) carries its own
         raw = isinstance(audio, (np.ndarray, torch.Tensor))
-        samples = load(audio, self.sample_rate, sample_rate=sample_rate if raw else None)
-        return torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
+        return load(audio, self.sample_rate, sample_rate=sample_rate if raw else None)
+
+    def _load_audio(self, audio: Any, sample_rate: int | None) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(self.load_audio(audio, sample_rate), dtype=np.float32))
 
     def _check_length(self, duration: float, request_id: str) -> None:
         limit = self.config.max_audio_seconds

@@ -503,15 +503,12 @@ class StreamingExecutor:
     # -- convenience -----------------------------------------------------------------------------------
     def transcribe(self, items: list[Any], *, decoding, sample_rate, progress=None) -> list[RequestOutput]:
         """Stream whole inputs through the streaming path in chunk-sized pieces."""
-        from oasr.audio import load
-
         results: list[RequestOutput | None] = [None] * len(items)
         ids = []
         audio = []
         for i, item in enumerate(items):
             try:
-                raw = isinstance(item, (np.ndarray, torch.Tensor))
-                samples = load(item, self.engine.sample_rate, sample_rate=sample_rate if raw else None)
+                samples = self.engine.load_audio(item, sample_rate)
             except Exception as exc:
                 results[i] = RequestOutput(uuid.uuid4().hex, finished=True, finish_reason="error", error=str(exc))
                 ids.append(None)

@@ -135,10 +135,24 @@ def build_generation(vocab: dict[str, int], vocab_size: int, *, languages: dict[
     return WhisperGeneration(**fields)
 
 
-class HFWhisperConverter(CheckpointConverter):
-    """A Hugging Face Whisper directory (``config.json`` with ``model_type: "whisper"``)."""
+class _WhisperLayout(CheckpointConverter):
+    """What both Whisper layouts emit besides the weights: the tokenizer, features and decoding defaults."""
 
     architecture = "whisper"
+
+    def tokenizer_spec(self, path: Path, config: WhisperConfig) -> TokenizerSpec:
+        return _tokenizer_spec(Path(path))
+
+    def feature_spec(self, path: Path, config: WhisperConfig) -> FeatureSpec:
+        return _feature_spec(config)
+
+    def decoding_defaults(self, path: Path, config: WhisperConfig) -> DecodingDefaults:
+        return _decoding_defaults(config)
+
+
+class HFWhisperConverter(_WhisperLayout):
+    """A Hugging Face Whisper directory (``config.json`` with ``model_type: "whisper"``)."""
+
     detect_specificity = DETECT_KEYED_VALUE
     # The output projection is tied to the token embedding; a checkpoint may store it anyway.
     expected_unused_prefixes = ("proj_out.",)
@@ -213,15 +227,6 @@ class HFWhisperConverter(CheckpointConverter):
                                         path=path)
         generation = build_generation(vocab, vocab_size, languages=languages, overrides=overrides, source=path)
         return WhisperConfig(**shape, generation=generation)
-
-    def tokenizer_spec(self, path: Path, config: WhisperConfig) -> TokenizerSpec:
-        return _tokenizer_spec(Path(path))
-
-    def feature_spec(self, path: Path, config: WhisperConfig) -> FeatureSpec:
-        return _feature_spec(config)
-
-    def decoding_defaults(self, path: Path, config: WhisperConfig) -> DecodingDefaults:
-        return _decoding_defaults(config)
 
 
 def _first(value: Any) -> Any:
@@ -401,10 +406,9 @@ def _ct2_vocabulary(path: Path) -> list[str]:
     return [str(t) for t in tokens]
 
 
-class CT2WhisperConverter(CheckpointConverter):
+class CT2WhisperConverter(_WhisperLayout):
     """A CTranslate2 Whisper directory (what faster-whisper loads)."""
 
-    architecture = "whisper"
     detect_specificity = DETECT_KEYED_VALUE
 
     def detect(self, path: Path) -> bool:
@@ -473,15 +477,6 @@ class CT2WhisperConverter(CheckpointConverter):
             max_target_positions=state_dict["decoder.embed_positions.weight"].shape[0],
             generation=generation,
         )
-
-    def tokenizer_spec(self, path: Path, config: WhisperConfig) -> TokenizerSpec:
-        return _tokenizer_spec(Path(path))
-
-    def feature_spec(self, path: Path, config: WhisperConfig) -> FeatureSpec:
-        return _feature_spec(config)
-
-    def decoding_defaults(self, path: Path, config: WhisperConfig) -> DecodingDefaults:
-        return _decoding_defaults(config)
 
 
 class WhisperConverter(CheckpointConverter):
