@@ -162,3 +162,14 @@ def test_fixed_window_models_refuse_overlong_audio_without_long_form(tinyctc_dir
     engine2 = Engine(EngineConfig(model=str(tinyctc_dir), max_audio_seconds=1.0))
     with pytest.raises(RequestError, match="longer than the engine's max_audio_seconds=1"):
         engine2.add_request(long_audio, sample_rate=16000)
+
+
+@pytest.mark.parametrize("method", ["ctc", "ctc_aed_rescoring"])
+def test_batched_equals_one_at_a_time_for_the_wenet_conformer(fixtures_dir, inputs, method):
+    model = str(fixtures_dir / "wenet_u2pp" / "model")
+    alone = Engine(EngineConfig(model=model, decode_method=method, max_batch_size=1))
+    expected = [alone.transcribe_outputs(x, sample_rate=16000).tokens for x in inputs[:20]]
+    assert sum(map(len, expected)) > 20
+    for policy in ("fcfs", "bucket", "sjf"):
+        engine = Engine(EngineConfig(model=model, decode_method=method, schedule_policy=policy, max_batch_size=8))
+        assert [o.tokens for o in engine.transcribe_outputs(inputs[:20], sample_rate=16000)] == expected
