@@ -121,8 +121,10 @@ class Transcriber:
         elif options.language is not None:
             gen.language_id(options.language)  # raises naming the known codes
             req.language = options.language
-        # timestamp tokens: when asked for, and always past one window (they are where windows are cut)
-        req.timestamps = options.timestamps or content > self.window
+        # timestamp tokens: when asked for, always past one window (they are where windows are cut), and
+        # with word timings, which openai-whisper only computes over timestamped segments (decoding
+        # without them and timing the words afterwards lets the model run on past the speech)
+        req.timestamps = options.timestamps or options.word_timestamps or content > self.window
         if options.n_best > 1 and content > self.window:
             raise RequestError("n_best > 1 is only available for audio of up to 30 s", param="n_best")
         if options.prompt:
