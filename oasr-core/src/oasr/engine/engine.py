@@ -45,7 +45,7 @@ def default_model() -> str:
     if not aliases:
         raise RequestError(
             "no model given and no installed family declares a default model; pass EngineConfig(model=...) "
-            "or install oasr-models-hf (whose default is the embedded Whisper tiny.en)"
+            "or install a model family that declares one (oasr-models-hf declares its embedded model)"
         )
     return sorted(a.name for a in aliases)[0]
 

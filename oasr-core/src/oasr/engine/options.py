@@ -34,7 +34,7 @@ class DecodingOptions:
     language: str | None = None
     task: str = attrs.field(default="transcribe", validator=attrs.validators.in_(TASKS))
     word_timestamps: bool = False
-    #: segment-level timestamps (timestamp tokens for Whisper)
+    #: segment-level timestamps (for families that predict them, e.g. timestamp tokens)
     timestamps: bool = False
     beam_size: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
     n_best: int = attrs.field(default=1, validator=attrs.validators.ge(1))
