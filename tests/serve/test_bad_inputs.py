@@ -40,7 +40,8 @@ def _files(audio: bytes) -> dict:
 
 #: (id, request kwargs for httpx.post, status, error param, substring of the message)
 CASES = [
-    ("truncated-wav-header", lambda s: {"files": _files(s[:30])}, 415, "file", "could not decode audio"),
+    ("truncated-wav-header", lambda s: {"files": _files(s[:30])}, 415, "file",
+     "uploaded file 'audio.wav': could not decode audio"),
     ("random-bytes", lambda s: {"files": _files(os.urandom(4096))}, 415, "file", "could not decode audio"),
     ("empty-file", lambda s: {"files": _files(b"")}, 400, "file", "empty"),
     ("zero-second-audio", lambda s: {"files": _files(_zero_second_wav())}, 415, "file", "samples"),

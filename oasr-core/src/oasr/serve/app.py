@@ -41,7 +41,7 @@ from starlette.requests import ClientDisconnect
 
 from oasr.engine import DecodingOptions, Engine, EngineConfig, RequestOutput
 from oasr.engine.formats import render, verbose_json
-from oasr.errors import OasrError
+from oasr.errors import AudioError, OasrError
 from oasr.serve.errors import (
     ApiError,
     bad_request,
@@ -237,6 +237,9 @@ async def _audio_endpoint(request: Request, task: str) -> Response:
         try:
             decoding = state.decoding_for(req)
             handle = await runner.submit(req.audio, decoding=decoding)
+        except AudioError as exc:
+            named = AudioError(f"uploaded file {req.filename!r}: {exc}") if req.filename else exc
+            raise from_oasr_error(named) from None
         except OasrError as exc:
             raise from_oasr_error(exc) from None
         if req.stream:

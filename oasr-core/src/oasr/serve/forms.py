@@ -37,6 +37,8 @@ MAX_FIELD_BYTES = 64 * 1024
 class AudioRequest:
     task: str
     audio: bytes
+    #: the upload's file name as the client sent it (for messages only)
+    filename: str = ""
     model: str | None = None
     language: str | None = None
     prompt: str | None = None
@@ -162,6 +164,6 @@ async def _validate(items: list[tuple[str, Any]], *, task: str, max_upload_bytes
         raise bad_request(f"stream=true sends transcript events; it needs response_format json or text, "
                           f"got {response_format!r}", param="stream")
     temperature = _number("temperature", text["temperature"], 0.0, 1.0) if "temperature" in text else None
-    return AudioRequest(task=task, audio=audio, model=text.get("model") or None, language=text.get("language") or None,
-                        prompt=text.get("prompt") or None, response_format=response_format, temperature=temperature,
+    return AudioRequest(task=task, audio=audio, filename=upload.filename or "", model=text.get("model") or None,
+                        language=text.get("language") or None, prompt=text.get("prompt") or None, response_format=response_format, temperature=temperature,
                         granularities=tuple(dict.fromkeys(granularities)), stream=stream)
