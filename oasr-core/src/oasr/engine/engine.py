@@ -151,10 +151,8 @@ class Engine:
         raw = isinstance(audio, (np.ndarray, torch.Tensor))
         return load(audio, self.sample_rate, sample_rate=sample_rate if raw else None)
 
-    def _load_audio(self, audio: Any, sample_rate: int | None) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(self.load_audio(audio, sample_rate), dtype=np.float32))
-
-    def _check_length(self, duration: float, request_id: str) -> None:
+    def check_duration(self, duration: float, request_id: str) -> None:
+        """Refuse audio past ``max_audio_seconds``, or past a fixed window the family cannot long-form."""
         limit = self.config.max_audio_seconds
         if limit is not None and duration > limit:
             raise RequestError(f"request {request_id}: audio is {duration:.1f} s, longer than the engine's "
@@ -179,9 +177,9 @@ class Engine:
         request_id = request_id or uuid.uuid4().hex
         options = decoding or DecodingOptions()
         self.strategy.validate(options, request_id)
-        samples = self._load_audio(audio, sample_rate)
+        samples = torch.from_numpy(np.ascontiguousarray(self.load_audio(audio, sample_rate), dtype=np.float32))
         duration = samples.numel() / self.sample_rate
-        self._check_length(duration, request_id)
+        self.check_duration(duration, request_id)
         if self.window_seconds is not None and not self.strategy.supports_long_form:
             cost = round(self.window_seconds * self.sample_rate) // self._hop
         else:

@@ -23,6 +23,11 @@ class EngineMetrics:
             self.admitted += 1
             self.audio_seconds += seconds
 
+    def on_audio(self, seconds: float) -> None:
+        """Audio that arrived after admission (streams are fed piece by piece)."""
+        with self._lock:
+            self.audio_seconds += seconds
+
     def on_finish(self, reason: str) -> None:
         with self._lock:
             self.finished[reason] += 1

@@ -239,7 +239,7 @@ class StreamingExecutor:
             if data.size:
                 stream.pending.append(data)
                 stream.samples_in += data.size
-                self.engine.metrics.audio_seconds += data.size / self.engine.sample_rate
+                self.engine.metrics.on_audio(data.size / self.engine.sample_rate)
             stream.is_last = stream.is_last or is_last
 
     def abort(self, request_id: str) -> bool:

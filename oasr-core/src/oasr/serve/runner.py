@@ -200,15 +200,9 @@ class EngineRunner:
 
     def _submit_stream(self, request_id: str, audio: Any, sample_rate: int | None,
                        decoding: DecodingOptions | None) -> None:
-        from oasr.audio import load
-        from oasr.errors import RequestError
-
         rate = self.engine.sample_rate
-        samples = load(audio, rate, sample_rate=sample_rate)
-        limit = self.engine.config.max_audio_seconds
-        if limit is not None and len(samples) / rate > limit:
-            raise RequestError(f"audio is {len(samples) / rate:.1f} s, longer than the server's "
-                               f"max_audio_seconds={limit:g}", request_id=request_id, param="file")
+        samples = self.engine.load_audio(audio, sample_rate)
+        self.engine.check_duration(len(samples) / rate, request_id)
         self.engine.add_streaming_request(request_id=request_id, sample_rate=rate, decoding=decoding,
                                           callback=self._deliver)
         try:
