@@ -304,11 +304,7 @@ class Engine:
         request.done.set()
         self._requests.pop(request.request_id, None)
         self.metrics.on_finish(output.finish_reason or "stop")
-        if request.callback is not None:
-            try:
-                request.callback(output)
-            except Exception:
-                logger.exception("output callback of request %s raised", request.request_id)
+        deliver(request.callback, output)
         return output
 
     # -- convenience -----------------------------------------------------------------------------------
@@ -398,6 +394,17 @@ class Engine:
 
 
 ASREngine = Engine
+
+
+def deliver(callback: OutputCallback | None, output: RequestOutput) -> None:
+    """Hand an output to a request's callback; a callback that raises is logged, never propagated
+    into the step that produced the output (it would fail every other request of the batch)."""
+    if callback is None:
+        return
+    try:
+        callback(output)
+    except Exception:
+        logger.exception("output callback of request %s raised", output.request_id)
 
 
 def build_output(request_id: str, hyp: Hypothesis, tokenizer: Any, options: DecodingOptions,

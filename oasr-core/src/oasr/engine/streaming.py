@@ -22,26 +22,20 @@ CTC search state is kept per stream; partial outputs (``finished=False``) follow
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 import time
 import uuid
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import numpy as np
 import torch
 
+from oasr.engine.engine import Engine, build_output, deliver
 from oasr.engine.options import DecodingOptions, RequestOutput
 from oasr.errors import CapabilityError, EngineFullError, RequestError
-
-if TYPE_CHECKING:
-    from oasr.engine.engine import Engine
-
-logger = logging.getLogger("oasr.engine.streaming")
-
 
 def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
@@ -461,16 +455,10 @@ class StreamingExecutor:
         stream.last_text = text
         out = RequestOutput(stream.request_id, text=text, tokens=list(hyp.tokens), finished=False,
                             duration=self._duration(stream))
-        if stream.callback is not None:
-            try:
-                stream.callback(out)
-            except Exception:
-                logger.exception("output callback of stream %s raised", stream.request_id)
+        deliver(stream.callback, out)
         return [out]
 
     def _final_output(self, stream: Stream, *, reason: str = "stop") -> RequestOutput:
-        from oasr.engine.engine import build_output
-
         hyp = stream.search.final(stream.hidden, self.frame_seconds)
         out = build_output(stream.request_id, hyp, self.engine.tokenizer, stream.options, self._duration(stream))
         out.finish_reason = reason
@@ -493,11 +481,7 @@ class StreamingExecutor:
         self.streams.pop(stream.request_id, None)
         self.engine.metrics.on_finish(output.finish_reason or "stop")
         stream.finished_event.set()
-        if stream.callback is not None:
-            try:
-                stream.callback(output)
-            except Exception:
-                logger.exception("output callback of stream %s raised", stream.request_id)
+        deliver(stream.callback, output)
         return output
 
     # -- convenience -----------------------------------------------------------------------------------
