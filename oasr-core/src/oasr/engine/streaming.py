@@ -37,6 +37,7 @@ from oasr.engine.engine import Engine, build_output, deliver
 from oasr.engine.options import DecodingOptions, RequestOutput
 from oasr.errors import CapabilityError, EngineFullError, RequestError
 
+
 def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
