@@ -126,7 +126,7 @@ def corpus_wer(clips, texts: list[str]) -> float:
 # -- systems -----------------------------------------------------------------------------------------
 class Oasr:
     def __init__(self, model_dir: str, quantized: bool, batch: int):
-        from oasr.engine.decode.base import DecodeContext
+        from oasr.decoding.strategy import DecodeContext
         from oasr.models.loading import load_pretrained
         from oasr.tokenizers import build_tokenizer
         from oasr_models_hf.whisper.decode import AedDecodeStrategy
@@ -145,7 +145,7 @@ class Oasr:
         self.batch = batch
 
     def run(self, clips) -> list[str]:
-        from oasr.engine.decode.base import DecodeBatch
+        from oasr.decoding.strategy import DecodeBatch
         from oasr.engine.options import DecodingOptions
 
         hyps = []

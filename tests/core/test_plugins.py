@@ -153,21 +153,82 @@ def test_inline_plugins_register_and_a_broken_one_leaves_nothing_behind():
     assert "test_family_decoder" not in plugins.registry("decoders")
 
 
-def test_name_collision_is_refused_and_attributed():
+def _family(tag: str):
+    class Family:
+        @hookimpl
+        def oasr_register_models(self, register):
+            register(f"arch_{tag}", model="collections:OrderedDict", config="collections:OrderedDict")
+            register("shared_arch", model="collections:OrderedDict", config="collections:OrderedDict")
+
+        @hookimpl
+        def oasr_register_decoders(self, register):
+            register("shared_method", f"collections:{'OrderedDict' if tag == 'a' else 'Counter'}")
+    return Family()
+
+
+def test_a_clash_is_settled_per_entry_and_listed_by_oasr_plugins(capsys):
+    from collections import Counter, OrderedDict
+
+    from oasr.cli import main
+
+    plugins.register_plugin(_family("a"), name="family-a", distribution="oasr-family-a")
+    try:
+        with pytest.warns(RuntimeWarning) as caught:
+            record = plugins.register_plugin(_family("b"), name="family-b", distribution="oasr-family-b")
+        assert record.error is None  # the plugin is not dropped...
+        models = plugins.registry("models")
+        assert models.get("arch_a").distribution == "oasr-family-a"
+        assert models.get("arch_b").distribution == "oasr-family-b"  # ...its own model is registered
+        assert models.get("shared_arch").distribution == "oasr-family-a"  # the taken model name is refused alone
+        # the strategy is kept in b's namespace, and each family's models resolve their own
+        assert plugins.resolve_decoder("shared_method", "oasr-family-a").load() is OrderedDict
+        assert plugins.resolve_decoder("shared_method", "oasr-family-b").load() is Counter
+        assert plugins.resolve_decoder("shared_method").load() is OrderedDict
+        assert len(caught) == 2 and any("shared_arch" in str(w.message) for w in caught)
+        assert main(["plugins"]) == 0
+        line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("family-b"))
+        assert "model:arch_b" in line and "decoder:oasr-family-b:shared_method" in line
+        assert "decoder 'shared_method' is taken by 'oasr-family-a'" in line
+        assert "model 'shared_arch' refused: already registered by 'oasr-family-a'" in line
+    finally:
+        plugins.unregister_plugin("family-b")
+        plugins.unregister_plugin("family-a")
+    assert "arch_b" not in plugins.registry("models") and "shared_arch" not in plugins.registry("models")
+    assert "oasr-family-b:shared_method" not in plugins.registry("decoders")
+
+
+def test_a_core_name_is_never_taken_over():
     class Clash:
         @hookimpl
         def oasr_register_decoders(self, register):
             register("ctc", "collections:OrderedDict")
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with pytest.warns(RuntimeWarning, match="'ctc' is taken by 'oasr-core'"):
         record = plugins.register_plugin(Clash(), name="clash", distribution="oasr-clash")
     try:
-        assert record.error and "already registered by 'oasr-core'" in record.error
-        assert any("oasr-clash" in str(w.message) for w in caught)
+        assert record.registered == [("decoders", "oasr-clash:ctc")]
         assert plugins.registry("decoders").get("ctc").distribution == "oasr-core"
     finally:
         plugins.unregister_plugin("clash")
+
+
+def test_the_alias_label_is_singular(capsys):
+    from oasr.cli import main
+
+    class Alias:
+        @hookimpl
+        def oasr_register_aliases(self, register):
+            register("label-test", resolver="collections:OrderedDict")
+
+    plugins.register_plugin(Alias(), name="alias-label")
+    try:
+        assert main(["plugins"]) == 0
+        line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("alias-label"))
+        assert "alias:label-test" in line and "aliase" not in line
+        with pytest.raises(UnknownModelError, match="^alias 'nope' is not registered"):
+            plugins.registry("aliases").get("nope")
+    finally:
+        plugins.unregister_plugin("alias-label")
 
 
 def test_strict_inline_registration_raises(monkeypatch):

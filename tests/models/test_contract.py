@@ -12,7 +12,9 @@ from torch import nn
 
 import oasr
 from oasr import layers
-from oasr.models import CAPABILITIES, BaseAsrModel, BaseEncoder, require_capability
+from oasr import plugins
+from oasr.models import BaseAsrModel, BaseEncoder, missing_members
+from oasr.models.streaming import STREAMING_PROTOCOLS
 from oasr.models.registry import config_class, model_class
 
 # torch.nn modules that do compute with weights: architectures must use the oasr.layers waist instead
@@ -74,12 +76,21 @@ def test_architecture_builds_tiny_from_the_waist(name):
     assert isinstance(model.encoder, BaseEncoder)
     assert bare_compute_modules(model) == [], f"{name} uses bare torch.nn compute layers"
     caps = model.capabilities
-    assert caps, f"{name} serves no decode family"
-    assert caps <= set(CAPABILITIES), f"{name} declares unknown families {caps - set(CAPABILITIES)}"
+    assert caps, f"{name} serves no decode method"
     assert model.default_decode_type in caps
-    for family in caps:
-        require_capability(model, family)
-    assert model.encoder.streaming_kind in ("paged", "slot", "stateful", "none")
-    if model.encoder.streaming_kind == "none":
+    distribution = plugins.registry("models").get(name).distribution
+    for method in caps:
+        strategy = plugins.resolve_decoder(method, distribution).load()
+        assert missing_members(model, strategy.requires) == (), f"{name} lacks what {method!r} reads"
+    kind = model.encoder.streaming_kind
+    assert kind in (*STREAMING_PROTOCOLS, "none")
+    if kind == "none":
         assert model.cache_spec is None
+    else:
+        assert isinstance(model.encoder, STREAMING_PROTOCOLS[kind]), f"{name}: a {kind} encoder without its members"
+        streaming = [m for m in caps if plugins.resolve_decoder(m, distribution).load().supports_streaming()]
+        assert streaming, f"{name} streams but none of its decode methods has a stream search"
+        for method in streaming:
+            strategy = plugins.resolve_decoder(method, distribution).load()
+            assert missing_members(model, strategy.stream_requires) == ()
     assert isinstance(model.encoder.output_size, int) and model.encoder.output_size > 0

@@ -24,4 +24,4 @@ def oasr_register_tokenizers(register) -> None:
 
 @hookimpl
 def oasr_register_decoders(register) -> None:
-    register("ctc", "oasr.engine.decode.ctc:CtcDecodeStrategy")
+    register("ctc", "oasr.decoding.ctc_strategy:CtcDecodeStrategy")

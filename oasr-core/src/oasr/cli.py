@@ -58,8 +58,9 @@ def plugins_command(args: argparse.Namespace) -> int:
 
     rows = []
     for r in plugins.plugin_records():
-        registered = ", ".join(f"{kind[:-1]}:{name}" for kind, name in r.registered) or "-"
-        rows.append((r.name, r.distribution, r.version, r.group, registered, r.error or ""))
+        registered = ", ".join(f"{plugins.LABELS[kind]}:{name}" for kind, name in r.registered) or "-"
+        problems = "; ".join([*(note for _kind, _name, note in r.clashes), *([r.error] if r.error else [])])
+        rows.append((r.name, r.distribution, r.version, r.group, registered, problems))
     print(_table(rows, ("plugin", "distribution", "version", "group", "registered", "error")))
     return 1 if args.strict and any(r.error for r in plugins.plugin_records()) else 0
 

@@ -64,7 +64,7 @@ def oasr_register_decoders(register) -> None:
     """Register decode strategies.
 
     ``register(name, target)``: ``name`` is a decode family (``"ctc"``, ``"aed"``, ...) and ``target``
-    a ``"module:Class"`` string of a decode strategy class (see :mod:`oasr.engine.decode`).
+    a ``"module:Class"`` string of a decode strategy class (see :mod:`oasr.decoding.strategy`).
     """
 
 

@@ -8,6 +8,11 @@ implementations are called one at a time with a ``register`` callback bound to t
 registration is attributed to its distribution and a plugin that raises is skipped alone, with one
 warning, while everything else keeps working.
 
+A name another distribution already holds is settled per entry, never by dropping the plugin: a
+decode strategy is kept under its distribution's namespace (``"<distribution>:<name>"``, which the
+engine prefers for that distribution's own models, see :func:`resolve_decoder`); any other entry is
+refused alone, with a warning.  ``oasr plugins`` lists both per entry.
+
 Environment:
 
 ``OASR_PLUGINS``
@@ -35,6 +40,10 @@ from oasr.errors import PluginLoadError, UnknownComponentError
 
 ENTRY_POINT_GROUPS = ("oasr.models", "oasr.features", "oasr.kernels")
 CORE_DISTRIBUTION = "oasr-core"
+
+#: registry kind -> the singular label used in listings and messages
+LABELS = {"models": "model", "aliases": "alias", "extractors": "extractor", "tokenizers": "tokenizer",
+          "decoders": "decoder", "kernels": "kernel"}
 
 # registry kind -> hook name
 HOOKS = {
@@ -91,6 +100,8 @@ class PluginRecord:
     version: str
     group: str
     registered: list[tuple[str, str]] = attrs.field(factory=list)
+    #: entries whose name another distribution holds: (kind, name, what happened to it)
+    clashes: list[tuple[str, str, str]] = attrs.field(factory=list)
     error: str | None = None
 
 
@@ -107,7 +118,7 @@ class Registry:
         existing = self._entries.get(name)
         if existing is not None and not override and existing.distribution != distribution:
             raise ValueError(
-                f"{self.kind} {name!r} is already registered by {existing.distribution!r}; "
+                f"{LABELS.get(self.kind, self.kind)} {name!r} is already registered by {existing.distribution!r}; "
                 f"{distribution!r} cannot register it again (pick another name)"
             )
         entry = Entry(self.kind, name, target, distribution, dict(meta))
@@ -131,12 +142,16 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._entries)
 
+    def find(self, name: str) -> Entry | None:
+        """The entry registered as ``name``, or None."""
+        return self._entries.get(name)
+
     def get(self, name: str) -> Entry:
         try:
             return self._entries[name]
         except KeyError:
             raise UnknownComponentError(
-                f"{self.kind[:-1]} {name!r} is not registered; registered: "
+                f"{LABELS.get(self.kind, self.kind)} {name!r} is not registered; registered: "
                 f"{', '.join(self.names()) or '(none)'}{failed_plugins_hint()}",
                 name=name,
             ) from None
@@ -178,8 +193,8 @@ def _fail(record: PluginRecord, exc: BaseException, stage: str) -> None:
 def _register_plugin_object(plugin: Any, record: PluginRecord) -> None:
     """Run every registration hook of one plugin with callbacks bound to its distribution.
 
-    Registrations are staged and committed only if the whole plugin registered cleanly, so a plugin
-    that fails half-way leaves nothing behind.
+    Registrations are staged and committed only if every hook of the plugin ran cleanly, so a plugin
+    that fails half-way leaves nothing behind; a name clash is settled per entry (see the module doc).
     """
     staged: list[tuple[str, str, Any, dict[str, Any]]] = []
 
@@ -206,19 +221,47 @@ def _register_plugin_object(plugin: Any, record: PluginRecord) -> None:
             for impl in getattr(_state.pm.hook, hook_name).get_hookimpls():
                 if impl.plugin is plugin:
                     impl.function(register=make_register(kind))
-        for kind, entry_name, _target, _meta in staged:
-            registry = _state.registries[kind]
-            if entry_name in registry and registry.get(entry_name).distribution != record.distribution:
-                raise ValueError(
-                    f"{kind[:-1]} {entry_name!r} is already registered by {registry.get(entry_name).distribution!r}"
-                )
     except Exception as exc:  # a broken plugin must not take the others down
         _state.pm.unregister(plugin, name=name)
         _fail(record, exc, "registration failed")
         return
+    commit = []
     for kind, entry_name, target, meta in staged:
+        holder = _state.registries[kind].find(entry_name)
+        if holder is not None and holder.distribution != record.distribution:
+            entry_name = _settle_clash(record, kind, entry_name, holder.distribution)
+            if entry_name is None:
+                continue
+        commit.append((kind, entry_name, target, meta))
+    for kind, entry_name, target, meta in commit:
         _state.registries[kind].add(entry_name, target, distribution=record.distribution, **meta)
         record.registered.append((kind, entry_name))
+
+
+def _settle_clash(record: PluginRecord, kind: str, name: str, holder: str) -> str | None:
+    """The name an entry clashing with ``holder``'s is kept under, or None when it is refused."""
+    label = LABELS[kind]
+    if kind == "decoders":
+        qualified = f"{record.distribution}:{name}"
+        note = f"{label} {name!r} is taken by {holder!r}: kept as {qualified!r} for {record.distribution!r}'s models"
+        record.clashes.append((kind, name, note))
+        warnings.warn(f"OASR plugin {record.name!r}: {note}", RuntimeWarning, stacklevel=5)
+        return qualified
+    note = f"{label} {name!r} refused: already registered by {holder!r}"
+    record.clashes.append((kind, name, note))
+    message = f"OASR plugin {record.name!r} from distribution {record.distribution!r}: {note}"
+    if _strict():
+        raise PluginLoadError(message, distribution=record.distribution)
+    warnings.warn(message, RuntimeWarning, stacklevel=5)
+    return None
+
+
+def resolve_decoder(method: str, distribution: str | None = None) -> Entry:
+    """The decode strategy registered as ``method``, preferring ``distribution``'s own namespaced one."""
+    decoders = registry("decoders")
+    if distribution is not None and f"{distribution}:{method}" in decoders:
+        return decoders.get(f"{distribution}:{method}")
+    return decoders.get(method)
 
 
 def _load_builtins() -> None:

@@ -23,10 +23,12 @@ from collections import defaultdict
 import attrs
 import torch
 
+from oasr.decoding.ctc_strategy import CTC_STREAM_REQUIRES, advance_ctc_searches
+from oasr.decoding.strategy import DecodeBatch, DecodeContext, DecodeStrategy
 from oasr.decoding.types import Hypothesis
-from oasr.engine.decode.base import DecodeBatch, DecodeContext, DecodeStrategy
 from oasr.engine.options import DecodingOptions
 from oasr.errors import RequestError
+from oasr.models.interfaces import Requirement
 
 
 def _optional_non_negative(instance, attribute, value) -> None:
@@ -45,6 +47,13 @@ class CtcAedRescoringOptions:
 
 class CtcAedRescoringStrategy(DecodeStrategy):
     family = "ctc_aed_rescoring"
+    requires = (
+        Requirement("encode_offline", "the CTC n-best and the attention pass both read the encoder output"),
+        Requirement("ctc_log_probs", "the CTC prefix beam runs over the CTC projection of the encoder output"),
+        Requirement("decoder.rescore", "the n-best is rescored by one teacher-forced attention-decoder pass"),
+        Requirement("decoder.config.reverse_weight", "the trained right-to-left weight is the default mix"),
+    )
+    stream_requires = CTC_STREAM_REQUIRES
     options_class = CtcAedRescoringOptions
     supported_options = frozenset({"beam_size", "n_best"})
     needs_features = True
@@ -93,7 +102,7 @@ class CtcAedRescoringStrategy(DecodeStrategy):
                 for row in rows:
                     results[row] = exc
                 continue
-            for row, nbest in zip(rows, found):
+            for row, nbest in zip(rows, found, strict=True):
                 nbests[row] = list(nbest)
         rows = sorted(nbests)
         if rows:
@@ -102,7 +111,7 @@ class CtcAedRescoringStrategy(DecodeStrategy):
                 rescored = model.decoder.rescore(hidden.index_select(0, index), lens.index_select(0, index),
                                                  [[h.tokens for h in nbests[r]] for r in rows],
                                                  reverse_weight=self.reverse_weight)
-            for row, scored in zip(rows, rescored):
+            for row, scored in zip(rows, rescored, strict=True):
                 results[row] = self._pick(nbests[row], scored, batch.options[row].n_best)
         batch.timings["encoder"] = t1 - t0
         batch.timings["decode"] = time.perf_counter() - t1
@@ -110,6 +119,9 @@ class CtcAedRescoringStrategy(DecodeStrategy):
 
     def stream_search(self, options: DecodingOptions) -> RescoringStreamSearch:
         return RescoringStreamSearch(self, options)
+
+    def advance_streams(self, searches, hidden, lengths) -> None:
+        advance_ctc_searches(self.ctx.model, searches, hidden, lengths)
 
     def rescore_one(self, memory: torch.Tensor, nbest: list[Hypothesis], n_best: int) -> Hypothesis:
         """Rescore one utterance's CTC n-best against its encoder output ``memory`` (T, D)."""
@@ -146,7 +158,7 @@ class CtcAedRescoringStrategy(DecodeStrategy):
 
 
 class RescoringStreamSearch:
-    """Per-stream search of ``ctc_aed_rescoring``: ``advance(log_probs (T, V))``, ``best()`` (the
+    """Per-stream search of ``ctc_aed_rescoring``: the CTC prefix beam over each chunk, ``best()`` (the
     partial: the leading CTC prefix), ``final(hidden_chunks, frame_seconds)`` (the rescored n-best)."""
 
     keeps_hidden = True
@@ -159,7 +171,10 @@ class RescoringStreamSearch:
         self.beam = options.beam_size or strategy.beam_size
         self.state = CtcPrefixBeamState(beam_size=self.beam, blank=strategy.blank_id)
 
-    def advance(self, log_probs: torch.Tensor) -> None:
+    def advance(self, hidden: torch.Tensor) -> None:
+        self.advance_log_probs(self.strategy.ctx.model.ctc_log_probs(hidden[None])[0].float().cpu())
+
+    def advance_log_probs(self, log_probs: torch.Tensor) -> None:
         self.state.advance(log_probs)
 
     def best(self) -> Hypothesis:

@@ -35,9 +35,9 @@ from oasr import layers
 from oasr.errors import CapabilityError
 from oasr.layers.attention import merge_heads, split_heads
 from oasr.models import BaseEncoder, CacheSpec, StreamingGeometry
+from oasr.models.streaming import KV, ChunkOutput
 from oasr_models_wenet.config import SUBSAMPLING, ConformerEncoderConfig
 
-KV = tuple[torch.Tensor, torch.Tensor]
 #: rows of WeNet's positional table built at construction; it grows on demand past this
 POSITION_TABLE_ROWS = 5000
 #: CPU subsampling runs over tiles of (batch rows × output frames) ≈ this many, so its d-channel
@@ -282,21 +282,6 @@ def chunk_attention_mask(size: int, chunk_size: int, num_left_chunks: int = -1,
     end = ((chunk + 1) * chunk_size).clamp(max=size)
     start = torch.zeros_like(idx) if num_left_chunks < 0 else ((chunk - num_left_chunks) * chunk_size).clamp(min=0)
     return (idx[None, :] >= start[:, None]) & (idx[None, :] < end[:, None])
-
-
-@attrs.define
-class ChunkOutput:
-    """What one :meth:`ConformerEncoder.forward_chunk` call produces.
-
-    ``hidden`` (B, C, D) and ``lengths`` (B,) valid frames per row; ``kv`` per layer the (k, v) of
-    these C frames, (B, H, C, d_k) each (frames past a row's length are padding); ``conv_cache``
-    (layers, B, conv_cache_frames, conv_channels), or None when the convolution is not causal.
-    """
-
-    hidden: torch.Tensor
-    lengths: torch.Tensor
-    kv: list[KV]
-    conv_cache: torch.Tensor | None
 
 
 @attrs.define

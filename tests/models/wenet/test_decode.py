@@ -8,7 +8,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 import oasr
 from oasr import plugins
-from oasr.engine.decode.base import DecodeBatch, DecodeContext
+from oasr.decoding.strategy import DecodeBatch, DecodeContext
 from oasr.engine.options import DecodingOptions
 from oasr.errors import CapabilityError, ConfigError, RequestError
 from oasr_models_wenet.decode import CtcAedRescoringOptions, CtcAedRescoringStrategy

@@ -25,19 +25,17 @@ import numpy as np
 import torch
 
 from oasr import plugins, serde
-from oasr.decoding.types import Hypothesis, Segment
+from oasr.decoding.strategy import DecodeBatch, DecodeContext, DecodeStrategy
+from oasr.decoding.types import Hypothesis
 from oasr.engine.config import EngineConfig
-from oasr.engine.decode.base import DecodeBatch, DecodeContext, DecodeStrategy
 from oasr.engine.metrics import EngineMetrics
 from oasr.engine.options import DecodingOptions, RequestOutput
+from oasr.engine.outputs import OutputCallback, build_output, deliver
 from oasr.engine.scheduler import Scheduler
 from oasr.errors import CapabilityError, EngineFullError, OasrError, RequestError
 from oasr.models.loading import LoadedModel, load_pretrained
 
 logger = logging.getLogger("oasr.engine")
-
-OutputCallback = Callable[[RequestOutput], None]
-
 
 def default_model() -> str:
     """The alias a model family marked as the default (the embedded model)."""
@@ -121,15 +119,18 @@ class Engine:
 
     # -- construction helpers --------------------------------------------------------------------------
     def _build_strategy(self) -> DecodeStrategy:
+        """The strategy of the requested (or the model's default) decode method; its declared
+        requirements are checked against the model here, at construction."""
         model = self.model
         method = self.config.decode_method or model.default_decode_type
-        if method not in model.capabilities:
+        _, _, bare = method.rpartition(":")
+        if bare not in model.capabilities:
             raise CapabilityError(
                 f"decode method {method!r} is not served by this {self.loaded.architecture} checkpoint; "
                 f"it serves: {', '.join(sorted(model.capabilities))}",
                 capability=method,
             )
-        strategy_cls = plugins.registry("decoders").get(method).load()
+        strategy_cls = plugins.resolve_decoder(method, self._model_distribution()).load()
         options = strategy_cls.parse_options(self.config.decode_options)
         frame_shift = self.feature_config.frame_shift_ms / 1000.0 * max(1, int(self.feature_config.lfr_n))
         ctx = DecodeContext(model=model, tokenizer=self.tokenizer, decoding_defaults=self.loaded.decoding_defaults,
@@ -137,6 +138,10 @@ class Engine:
                             frame_shift=frame_shift, sample_rate=int(self.feature_config.sample_rate),
                             source=self.loaded.source)
         return strategy_cls(ctx, options)
+
+    def _model_distribution(self) -> str | None:
+        entry = plugins.registry("models").find(self.loaded.architecture)
+        return entry.distribution if entry is not None else None
 
     @property
     def decode_method(self) -> str:
@@ -394,30 +399,3 @@ class Engine:
 
 
 ASREngine = Engine
-
-
-def deliver(callback: OutputCallback | None, output: RequestOutput) -> None:
-    """Hand an output to a request's callback; a callback that raises is logged, never propagated
-    into the step that produced the output (it would fail every other request of the batch)."""
-    if callback is None:
-        return
-    try:
-        callback(output)
-    except Exception:
-        logger.exception("output callback of request %s raised", output.request_id)
-
-
-def build_output(request_id: str, hyp: Hypothesis, tokenizer: Any, options: DecodingOptions,
-                 duration: float | None, *, finished: bool = True) -> RequestOutput:
-    """A RequestOutput from a strategy's Hypothesis (detokenizing if the strategy did not)."""
-    text = hyp.text if hyp.text is not None else tokenizer.decode(hyp.tokens)
-    words = hyp.words if options.word_timestamps else None
-    segments = hyp.segments
-    if segments is None and finished:
-        segments = [Segment(0, 0.0, round(duration or 0.0, 3), text, list(hyp.tokens), words=words)]
-    nbest = None
-    if hyp.nbest and options.n_best > 1:
-        nbest = [h.text if h.text is not None else tokenizer.decode(h.tokens) for h in hyp.nbest]
-    return RequestOutput(request_id, text=text, tokens=list(hyp.tokens), words=words, segments=segments,
-                         confidence=hyp.confidence, language=hyp.language, finished=finished,
-                         finish_reason="stop" if finished else None, duration=duration, nbest=nbest)

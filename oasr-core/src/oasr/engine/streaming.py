@@ -3,21 +3,13 @@
 A stream is admitted to a *slot* (at most ``max_streams`` at once; later streams wait in FIFO
 order).  Audio fed to it is resampled, turned into features incrementally (the extractor's declared
 framing makes chunked features equal offline ones), cut into the encoder's streaming windows
-(``encoder.streaming_geometry(chunk_size)``) and advanced through a backend chosen by
-``encoder.streaming_kind``:
-
-``paged``
-    attention K/V of every layer lives in a block pool (one block = one chunk of encoder frames),
-    each stream owning a block table; left-chunk eviction frees whole blocks; the convolution tail
-    is a slot tensor.  Streams at any offsets run in one batched ``encoder.forward_chunk``.
-``slot``
-    every :class:`StreamStateSpec` of the encoder is one tensor with a slot axis.
-``stateful``
-    the encoder keeps its own state per stream (the parity oracle); streams run one at a time.
+(``encoder.streaming_geometry(chunk_size)``) and advanced through the backend of
+``encoder.streaming_kind`` (:mod:`oasr.engine.backends`: ``paged``, ``slot``, ``stateful``).
 
 All pools are allocated at construction; nothing grows with the number of chunks.  A stream whose
 history would pass the pool's per-stream ceiling finishes with ``finish_reason="length"``.
-CTC search state is kept per stream; partial outputs (``finished=False``) follow every chunk.
+Each chunk's encoder frames go to the decode strategy (``advance_streams``), whose per-stream
+search applies its own head; partial outputs (``finished=False``) follow every chunk.
 """
 
 from __future__ import annotations
@@ -27,75 +19,19 @@ import threading
 import time
 import uuid
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 import torch
 
-from oasr.engine.engine import Engine, build_output, deliver
+from oasr.engine.backends import PagedBackend, build_backend
 from oasr.engine.options import DecodingOptions, RequestOutput
+from oasr.engine.outputs import build_output, deliver
 from oasr.errors import CapabilityError, EngineFullError, RequestError
 
-
-def _dtype(name: str) -> torch.dtype:
-    return getattr(torch, name)
-
-
-class PagedKVPool:
-    """Block pools of attention K/V for every layer plus slot tensors for the conv tails.
-
-    ``k``/``v``: (layers, num_blocks, heads, block_size, head_dim); a block holds one chunk.
-    """
-
-    def __init__(self, spec, *, max_streams: int, blocks_per_stream: int, block_size: int,
-                 dtype: torch.dtype, device: torch.device):
-        self.block_size = block_size
-        self.blocks_per_stream = blocks_per_stream
-        num_blocks = max_streams * blocks_per_stream
-        shape = (spec.num_layers, num_blocks, spec.n_kv_head, block_size, spec.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.conv = None
-        if spec.conv_cache_frames:
-            self.conv = torch.zeros(spec.num_layers, max_streams, spec.conv_cache_frames, spec.conv_channels,
-                                    dtype=dtype, device=device)
-        self.free_blocks: deque[int] = deque(range(num_blocks))
-
-    def nbytes(self) -> int:
-        total = self.k.nbytes + self.v.nbytes
-        return total + (self.conv.nbytes if self.conv is not None else 0)
-
-    def allocate(self) -> int:
-        return self.free_blocks.popleft()
-
-    def release(self, blocks: list[int]) -> None:
-        self.free_blocks.extend(blocks)
-        blocks.clear()
-
-    def gather(self, tables: list[list[int]]):
-        """Dense (k, v) per layer for a cohort: (B, H, T_cache, d) left-aligned, and lengths (B,)."""
-        width = max((len(t) for t in tables), default=0)
-        if width == 0:
-            return None, None
-        index = torch.tensor([t + [t[-1] if t else 0] * (width - len(t)) for t in tables], device=self.k.device)
-        lens = torch.tensor([len(t) * self.block_size for t in tables], device=self.k.device)
-        layers, _, heads, bs, d = self.k.shape
-        b = len(tables)
-
-        def dense(pool: torch.Tensor) -> torch.Tensor:
-            # (L, B, W, H, bs, d) → (L, B, H, W*bs, d)
-            picked = pool[:, index]
-            return picked.permute(0, 1, 3, 2, 4, 5).reshape(layers, b, heads, width * bs, d)
-
-        k, v = dense(self.k), dense(self.v)
-        return [(k[i], v[i]) for i in range(layers)], lens
-
-    def write(self, block: int, layer_kv: list[tuple[torch.Tensor, torch.Tensor]], row: int) -> None:
-        """Store one stream's chunk K/V (row ``row`` of each layer's (B, H, chunk, d)) in ``block``."""
-        for layer, (k, v) in enumerate(layer_kv):
-            self.k[layer, block] = k[row]
-            self.v[layer, block] = v[row]
+if TYPE_CHECKING:
+    from oasr.engine.engine import Engine
 
 
 @attrs.define(eq=False)
@@ -132,23 +68,14 @@ class StreamingExecutor:
         config = engine.config
         model = engine.model
         encoder = model.encoder
-        kind = encoder.streaming_kind
-        if kind == "none":
+        if encoder.streaming_kind == "none":
             raise CapabilityError(
                 f"this {engine.loaded.architecture} checkpoint cannot stream (encoder.streaming_kind='none'); "
                 f"use service_mode='offline'", capability="streaming")
-        if kind not in ("paged", "slot", "stateful"):
-            raise CapabilityError(f"unknown streaming_kind {kind!r}", capability="streaming")
-        if not hasattr(model, "ctc_log_probs"):
-            raise CapabilityError(f"streaming needs a CTC head (ctc_log_probs); {type(model).__name__} has none",
-                                  capability="streaming")
-        if not engine.strategy.supports_streaming():
-            raise CapabilityError(f"decode method {engine.strategy.family!r} has no streaming search; "
-                                  f"use service_mode='offline' or a streaming decode method such as 'ctc'",
-                                  capability="streaming")
+        engine.strategy.check_streaming()
         if int(getattr(engine.feature_config, "lfr_m", 1)) != 1:
             raise CapabilityError("streaming does not support LFR-stacked features", capability="streaming")
-        self.kind = kind
+        self.kind = encoder.streaming_kind
         self.chunk_size = config.chunk_size
         self.geometry = encoder.streaming_geometry(config.chunk_size)
         self.context = encoder.right_context + 1
@@ -158,34 +85,24 @@ class StreamingExecutor:
         self.frame_seconds = frame_s
         max_frames = math.ceil(config.max_stream_seconds / frame_s)
         self.max_chunks = math.ceil(max_frames / self.chunk_size)
-        device = torch.device(config.device)
-        dtype = model.compute_dtype
-        self.pool: PagedKVPool | None = None
-        self.slot_states: dict[str, torch.Tensor] = {}
-        if kind == "paged":
-            blocks = self.num_left_chunks if self.num_left_chunks >= 0 else self.max_chunks
-            self.pool = PagedKVPool(model.cache_spec, max_streams=self.max_streams, blocks_per_stream=max(blocks, 1),
-                                    block_size=self.chunk_size, dtype=dtype, device=device)
-        elif kind == "slot":
-            for spec in encoder.streaming_state_specs:
-                shape = list(spec.shape)
-                shape[spec.slot_axis] = self.max_streams
-                self.slot_states[spec.name] = torch.full(shape, spec.fill_value, dtype=_dtype(spec.dtype),
-                                                         device=device)
+        self.lock = threading.RLock()
+        self.step_lock = threading.Lock()
+        self.backend = build_backend(model, max_streams=self.max_streams, chunk_size=self.chunk_size,
+                                     num_left_chunks=self.num_left_chunks, max_chunks=self.max_chunks,
+                                     dtype=model.compute_dtype, device=torch.device(config.device), lock=self.lock)
+        #: the paged backend's block pool (None for the other kinds)
+        self.pool = self.backend.pool if isinstance(self.backend, PagedBackend) else None
         from oasr.features import BatchedStreamingFeatureExtractor
 
         self.extractor = BatchedStreamingFeatureExtractor(engine.feature_config, self.max_streams)
         self.free_slots: deque[int] = deque(range(self.max_streams))
         self.streams: dict[str, Stream] = {}
         self.waiting: deque[Stream] = deque()
-        self.lock = threading.RLock()
-        self.step_lock = threading.Lock()
         self.closed = False
 
     # -- bookkeeping ---------------------------------------------------------------------------------
     def pool_bytes(self) -> int:
-        total = self.pool.nbytes() if self.pool is not None else 0
-        return total + sum(t.nbytes for t in self.slot_states.values())
+        return self.backend.nbytes()
 
     def active_streams(self) -> int:
         with self.lock:
@@ -259,23 +176,26 @@ class StreamingExecutor:
                 continue
             stream.slot = self.free_slots.popleft()
             self.extractor.reset(stream.slot)
-            self._reset_slot_state(stream.slot)
+            self.backend.allocate(stream)
             stream.search = self._new_search(stream)
-            if self.kind == "stateful":
-                stream.state = self.engine.model.encoder.init_stream_state(1, self.pool_device)
 
     @property
     def pool_device(self) -> torch.device:
         return torch.device(self.engine.config.device)
 
-    def _reset_slot_state(self, slot: int) -> None:
-        specs = {s.name: s for s in self.engine.model.encoder.streaming_state_specs}
-        for name, tensor in self.slot_states.items():
-            spec = specs[name]
-            if not spec.persistent:
-                tensor.select(spec.slot_axis, slot).fill_(spec.fill_value)
-        if self.pool is not None and self.pool.conv is not None:
-            self.pool.conv[:, slot].zero_()
+    def reset_turn(self, request_id: str) -> bool:
+        """Start a new turn on a stream: the encoder forgets what it heard (its offset, caches and
+        search restart) while what the request asked for (persistent state, options) is kept."""
+        with self.lock:
+            stream = self.streams.get(request_id)
+            if stream is None or stream.done:
+                return False
+            if stream.slot is not None:
+                self.backend.reset(stream)
+                stream.search = self._new_search(stream)
+            stream.offset = 0
+            stream.hidden.clear()
+            return True
 
     def _pull_features(self, stream: Stream) -> None:
         if stream.pending:
@@ -332,21 +252,19 @@ class StreamingExecutor:
                 t0 = time.perf_counter()
                 with torch.inference_mode():
                     hidden, lengths = self._forward(ready)
-                    log_probs = self.engine.model.ctc_log_probs(hidden).float().cpu()
                 t1 = time.perf_counter()
-                with self.lock:
+                with self.lock, torch.inference_mode():
+                    counts = [0 if stream.done else int(lengths[row]) for row, (stream, _) in enumerate(ready)]
+                    self.engine.strategy.advance_streams([s.search for s, _ in ready], hidden, counts)
                     for row, (stream, _) in enumerate(ready):
                         if stream.done:
                             continue
-                        n = int(lengths[row])
+                        n = counts[row]
                         self._consume(stream)
                         if n:
                             if stream.search.keeps_hidden:
                                 stream.hidden.append(hidden[row, :n].detach().clone())
-                            stream.search.advance(log_probs[row, :n])
                             stream.offset += n
-                        if stream.done:
-                            continue
                         if stream.overflow:
                             outputs.append(self._finish(stream, self._final_output(stream, reason="length")))
                         elif self._finished_audio(stream):
@@ -361,7 +279,7 @@ class StreamingExecutor:
                         outputs.append(self._finalize(stream))
             return outputs
 
-    # -- backends --------------------------------------------------------------------------------------
+    # -- backend --------------------------------------------------------------------------------------
     def _forward(self, ready: list[tuple[Stream, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         model = self.engine.model
         device = self.pool_device
@@ -373,73 +291,7 @@ class StreamingExecutor:
             feats[row, : window.shape[0]] = window.to(device, dtype)
             feat_lens[row] = window.shape[0]
         offsets = torch.tensor([s.offset for s, _ in ready], device=device)
-        if self.kind == "paged":
-            return self._forward_paged(ready, feats, feat_lens, offsets)
-        if self.kind == "slot":
-            return self._forward_slot(ready, feats, feat_lens, offsets)
-        return self._forward_stateful(ready, feats, feat_lens)
-
-    def _forward_paged(self, ready, feats, feat_lens, offsets):
-        encoder = self.engine.model.encoder
-        pool = self.pool
-        streams = [s for s, _ in ready]
-        kv_cache, cache_lens = pool.gather([s.blocks for s in streams])
-        conv = None
-        slots = torch.tensor([s.slot for s in streams], device=feats.device)
-        if pool.conv is not None:
-            conv = pool.conv[:, slots]
-        out = encoder.forward_chunk(feats, offsets, kv_cache, conv, cache_lens=cache_lens, feat_lens=feat_lens)
-        with self.lock:
-            self._store_chunk(streams, out, slots)
-        return out.hidden, out.lengths
-
-    def _store_chunk(self, streams, out, slots) -> None:
-        pool = self.pool
-        for row, stream in enumerate(streams):
-            n = int(out.lengths[row])
-            if n == 0:
-                continue
-            if n != self.chunk_size:  # a short final chunk: its K/V is never read again
-                continue
-            if self.num_left_chunks >= 0 and len(stream.blocks) >= max(self.num_left_chunks, 0):
-                if self.num_left_chunks == 0:
-                    continue
-                pool.free_blocks.append(stream.blocks.pop(0))
-            elif len(stream.blocks) >= pool.blocks_per_stream:
-                stream.overflow = True  # finished with "length" once this step's outputs are in
-                continue
-            block = pool.allocate()
-            pool.write(block, [(k, v) for k, v in out.kv], row)
-            stream.blocks.append(block)
-        if pool.conv is not None and out.conv_cache is not None:
-            produced = out.lengths > 0
-            keep = produced.view(1, -1, 1, 1)
-            pool.conv[:, slots] = torch.where(keep, out.conv_cache.to(pool.conv.dtype), pool.conv[:, slots])
-
-    def _forward_slot(self, ready, feats, feat_lens, offsets):
-        encoder = self.engine.model.encoder
-        specs = {s.name: s for s in encoder.streaming_state_specs}
-        slots = torch.tensor([s.slot for s, _ in ready], device=feats.device)
-        states = {name: t.index_select(specs[name].slot_axis, slots) for name, t in self.slot_states.items()}
-        hidden, lengths, new_states = encoder.forward_chunk_slots(feats, feat_lens, offsets, states)
-        for name, tensor in new_states.items():
-            self.slot_states[name].index_copy_(specs[name].slot_axis, slots, tensor.to(self.slot_states[name].dtype))
-        return hidden, lengths
-
-    def _forward_stateful(self, ready, feats, feat_lens):
-        encoder = self.engine.model.encoder
-        required = self.chunk_size * self.num_left_chunks if self.num_left_chunks >= 0 else -1
-        hiddens, lens = [], []
-        for row, (stream, _) in enumerate(ready):
-            hidden, length, stream.state = encoder.forward_chunk_stateful(
-                feats[row:row + 1], stream.state, feat_lens=feat_lens[row:row + 1], required_cache_size=required)
-            hiddens.append(hidden[0])
-            lens.append(length[0])
-        width = max(h.shape[0] for h in hiddens)
-        out = feats.new_zeros(len(ready), width, hiddens[0].shape[-1])
-        for row, h in enumerate(hiddens):
-            out[row, : h.shape[0]] = h
-        return out, torch.stack(lens)
+        return self.backend.forward([s for s, _ in ready], feats, feat_lens, offsets)
 
     # -- search and outputs ----------------------------------------------------------------------------
     def _new_search(self, stream: Stream):
@@ -474,8 +326,7 @@ class StreamingExecutor:
         stream.done = True
         stream.output = output
         if stream.slot is not None:
-            if self.pool is not None:
-                self.pool.release(stream.blocks)
+            self.backend.release(stream)
             self.free_slots.append(stream.slot)
             stream.slot = None
         stream.hidden.clear()

@@ -10,7 +10,7 @@ from oasr.models.converter import (
     extract_state_dict,
     load_torch_checkpoint,
 )
-from oasr.models.interfaces import CAPABILITIES, Capability, require_capability
+from oasr.models.interfaces import Requirement, check_requirements, missing_members
 from oasr.models.loading import LoadedModel, from_pretrained, load_pretrained
 from oasr.models.registry import list_models, model_infos, register_model, unregister_model
 from oasr.models.specs import (
@@ -25,10 +25,10 @@ from oasr.models.specs import (
 )
 
 __all__ = [
-    "CAPABILITIES", "DETECT_ASSET_LAYOUT", "DETECT_KEYED_VALUE", "DETECT_NAMED_CONFIG", "BaseAsrModel",
-    "BaseEncoder", "BaseModelConfig", "CacheSpec", "Capability", "CheckpointConverter", "ConvertedCheckpoint",
+    "DETECT_ASSET_LAYOUT", "DETECT_KEYED_VALUE", "DETECT_NAMED_CONFIG", "BaseAsrModel",
+    "BaseEncoder", "BaseModelConfig", "CacheSpec", "CheckpointConverter", "ConvertedCheckpoint",
     "DecodingDefaults", "FeatureSpec", "LoadReport", "LoadedModel", "QuantLayout", "SmoothGroup",
-    "StreamStateSpec", "StreamingGeometry", "TokenizerSpec", "extract_state_dict", "from_pretrained",
-    "list_models", "load_pretrained", "load_torch_checkpoint", "model_infos", "register_model",
-    "require_capability", "unregister_model",
+    "Requirement", "StreamStateSpec", "StreamingGeometry", "TokenizerSpec", "check_requirements",
+    "extract_state_dict", "from_pretrained", "list_models", "load_pretrained", "load_torch_checkpoint",
+    "missing_members", "model_infos", "register_model", "unregister_model",
 ]

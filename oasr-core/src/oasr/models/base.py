@@ -1,8 +1,8 @@
 """What the engine may assume about a model: the engine-facing base classes.
 
 A model is a :class:`BaseAsrModel` with an :class:`BaseEncoder` at ``model.encoder``.  The engine
-touches it only through the members documented here and the members the decode family it serves
-requires (:data:`oasr.models.interfaces.CAPABILITIES`).
+touches it only through the members documented here and the members its decode strategy declares
+it reads (``DecodeStrategy.requires``, checked by :mod:`oasr.models.interfaces`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from torch import nn
 
 from oasr.errors import CapabilityError, CheckpointFormatError
 from oasr.models.specs import CacheSpec, LoadReport, QuantLayout, StreamStateSpec
-
-STREAMING_KINDS = ("paged", "slot", "stateful", "none")
 
 
 @attrs.define(kw_only=True)
@@ -53,11 +51,11 @@ class BaseEncoder(nn.Module):
     implements: ``"none"`` makes streaming service refuse at construction.
     """
 
+    #: the streaming backend this encoder is driven by (``paged``, ``slot``, ``stateful``; see
+    #: :mod:`oasr.models.streaming` for the members each kind implements) or ``"none"``
     streaming_kind: str = "none"
-    #: extra fixed-extent per-stream tensors (see :class:`StreamStateSpec`)
+    #: a ``slot`` encoder's per-stream tensors, one :class:`StreamStateSpec` each
     streaming_state_specs: tuple[StreamStateSpec, ...] = ()
-    #: a trained attention span that the engine prefills so every stream's cache is uniform
-    fixed_attention_window: int | None = None
     #: feature frames per encoder frame
     subsampling_rate: int = 1
     #: feature frames of look-ahead the subsampling front-end needs beyond a chunk
@@ -78,6 +76,11 @@ class BaseEncoder(nn.Module):
         raise NotImplementedError(
             f"{type(self).__name__} has no paged K/V: head_dim is only defined for streaming_kind='paged'"
         )
+
+    def stream_request_state(self, options: Any) -> dict[str, torch.Tensor | float]:
+        """Values of the persistent :attr:`streaming_state_specs` for a request with ``options``
+        (its :class:`DecodingOptions`), written when the stream is admitted; default: none."""
+        return {}
 
     def streaming_geometry(self, chunk_size: int) -> StreamingGeometry:
         """The feature window for ``chunk_size`` encoder frames; raise to refuse a chunk size."""

@@ -1,13 +1,15 @@
-"""What a model must implement to serve each decode family.
+"""What a decode strategy needs from a model, and the check that the model has it.
 
-:data:`CAPABILITIES` is the answer to "what must a model implement to support family X": for each
-decode family, the dotted model members it requires and why.  A decode strategy calls
-:func:`require_capability` once, at engine construction, so a checkpoint advertising a family it
-cannot serve fails there, naming what is missing, instead of on its first request.
+A decode strategy declares :class:`Requirement` s (a dotted model member plus why it needs it); the
+engine checks them once, when it builds the strategy, so a checkpoint advertising a decode method it
+cannot serve fails there, naming every missing member and the reason, instead of on its first
+request.  There is no table of families here: the strategy that reads a member is the one that
+declares it, so a new decode family brings its own contract.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -17,37 +19,12 @@ from oasr.models.base import BaseAsrModel, BaseEncoder, resolve_member
 
 
 @attrs.frozen
-class Capability:
-    requires: tuple[str, ...]
+class Requirement:
+    """A model member a strategy reads (``"decoder.prefill"``) and why it reads it."""
+
+    member: str
     why: str
 
-
-CAPABILITIES: dict[str, Capability] = {
-    "ctc": Capability(
-        ("forward_offline",),
-        "CTC search reads per-frame log-probs (B, T', V) and their lengths from forward_offline",
-    ),
-    "ctc_aed_rescoring": Capability(
-        ("forward_offline", "encode_offline", "ctc_log_probs", "decoder.rescore"),
-        "the CTC prefix-beam n-best is rescored by one teacher-forced attention-decoder pass over the encoder output",
-    ),
-    "aed": Capability(
-        ("encode_offline", "decoder.prefill", "decoder.step", "decoder.select", "decoder.merge"),
-        "label-synchronous decoding drives the batched incremental decoder surface over the encoder output",
-    ),
-    "transducer": Capability(
-        ("encode_offline", "predictor.init_state", "predictor.predict", "predictor.advance", "joiner"),
-        "frame-synchronous search runs the prediction network and joiner over each encoder frame",
-    ),
-    "paraformer": Capability(
-        ("encode_offline", "predictor", "decoder"),
-        "non-autoregressive decoding fires CIF tokens from the predictor and decodes them in one pass",
-    ),
-    "llm": Capability(
-        ("encode_offline", "language_model.prefill", "language_model.step", "language_model.select"),
-        "the audio embeddings are prefixed to a causal language model decoded incrementally",
-    ),
-}
 
 # Members the base classes define only as NotImplementedError stubs: finding one of these on a model
 # means the subclass did not implement it.
@@ -63,39 +40,27 @@ def _is_stub(model: Any, dotted: str) -> bool:
     return False
 
 
-def missing_members(model: Any, family: str) -> tuple[str, ...]:
-    cap = CAPABILITIES[family]
+def missing_members(model: Any, requires: Iterable[Requirement]) -> tuple[Requirement, ...]:
+    """The requirements ``model`` does not meet (absent, None, or a base-class stub)."""
     missing = []
-    for dotted in cap.requires:
+    for req in requires:
         try:
-            resolve_member(model, dotted)
+            resolve_member(model, req.member)
         except AttributeError:
-            missing.append(dotted)
+            missing.append(req)
             continue
-        if _is_stub(model, dotted):
-            missing.append(dotted)
+        if _is_stub(model, req.member):
+            missing.append(req)
     return tuple(missing)
 
 
-def require_capability(model: Any, family: str) -> None:
-    """Raise :class:`CapabilityError` unless ``model`` can serve decode family ``family``."""
-    if family not in CAPABILITIES:
-        raise CapabilityError(
-            f"unknown decode family {family!r}; known: {', '.join(sorted(CAPABILITIES))}", capability=family
-        )
-    name = type(model).__name__
-    declared = getattr(model, "capabilities", frozenset())
-    if family not in declared:
-        raise CapabilityError(
-            f"{name} does not serve decode family {family!r}; this checkpoint serves: "
-            f"{', '.join(sorted(declared)) or '(nothing)'}",
-            capability=family,
-        )
-    missing = missing_members(model, family)
+def check_requirements(model: Any, requires: Iterable[Requirement], *, method: str, what: str = "decode") -> None:
+    """Raise :class:`CapabilityError` naming every member of ``requires`` that ``model`` lacks."""
+    missing = missing_members(model, requires)
     if missing:
+        detail = "; ".join(f"{r.member} ({r.why})" for r in missing)
         raise CapabilityError(
-            f"{name} declares decode family {family!r} but lacks {', '.join(missing)} "
-            f"({CAPABILITIES[family].why})",
-            capability=family,
-            missing=missing,
+            f"{type(model).__name__} cannot {what} with decode method {method!r}: it lacks {detail}",
+            capability=method,
+            missing=tuple(r.member for r in missing),
         )

@@ -85,8 +85,10 @@ class StreamStateSpec:
     """One fixed-extent per-stream state tensor an encoder needs between chunks.
 
     ``shape`` is the full tensor shape with the slot (stream) axis at ``slot_axis`` given as 1; the
-    engine allocates it with ``max_streams`` there.  ``persistent`` states describe the request, not
-    the audio, and survive a reset (for example a prompt id).
+    engine allocates it with ``max_streams`` there.  Every state of a stream is written when the
+    stream is admitted: ``fill_value``, or for a ``persistent`` state the value the encoder's
+    ``stream_request_state(options)`` gives it.  ``persistent`` states describe the request, not the
+    audio (for example a prompt id), and survive a turn reset; the others are refilled then.
     """
 
     name: str
@@ -103,19 +105,16 @@ class StreamStateSpec:
 
 @attrs.frozen
 class CacheSpec:
-    """The streaming cache of an encoder.
-
-    For ``paged`` encoders: ``num_layers`` attention layers with ``n_kv_head`` × ``head_dim`` K/V,
-    and a convolution tail of ``conv_cache_frames`` frames × ``conv_channels`` per layer.
-    ``stream_states`` lists the extra per-stream tensors (``slot`` encoders declare only these).
-    """
+    """The paged streaming cache of an encoder: ``num_layers`` attention layers with ``n_kv_head`` ×
+    ``head_dim`` K/V, and a convolution tail of ``conv_cache_frames`` frames × ``conv_channels`` per
+    layer.  An encoder whose layers differ declares its state as ``slot`` specs instead
+    (:class:`StreamStateSpec`, one per tensor, each with its own shape)."""
 
     num_layers: int = 0
     n_kv_head: int = 0
     head_dim: int = 0
     conv_channels: int = 0
     conv_cache_frames: int = 0
-    stream_states: tuple[StreamStateSpec, ...] = ()
 
 
 @attrs.frozen

@@ -14,17 +14,32 @@ import time
 
 import torch
 
+from oasr.decoding.strategy import DecodeBatch, DecodeContext, DecodeStrategy
 from oasr.decoding.types import Hypothesis
-from oasr.engine.decode.base import DecodeBatch, DecodeContext, DecodeStrategy
 from oasr.engine.options import DecodingOptions
 from oasr.errors import RequestError
 from oasr.features.whisper import whisper_logmel
+from oasr.models.interfaces import Requirement
 from oasr_models_hf.whisper.config import SAMPLE_RATE, WINDOW_SECONDS
 from oasr_models_hf.whisper.longform import AedOptions, Transcriber
 
 
 class AedDecodeStrategy(DecodeStrategy):
     family = "aed"
+    requires = (
+        Requirement("encode_offline", "each 30 s window is encoded once and every decode step attends to it"),
+        Requirement("decoder.cross_kv", "the windows' cross-attention K/V are projected once per round"),
+        Requirement("decoder.prefill", "the SOT prompt of every window is run in one batched pass"),
+        Requirement("decoder.step", "tokens are generated one incremental step at a time"),
+        Requirement("decoder.select", "beam search reorders the decoder state onto each beam's parent"),
+        Requirement("decoder.logits", "the no-speech probability and each step's scores come from the head"),
+        Requirement("decoder.max_positions", "a window's prompt and output must fit the text context"),
+        Requirement("decoder.embed_tokens", "the logit rules size their masks by the vocabulary"),
+        Requirement("config.generation", "suppression lists, SOT/EOT/timestamp ids and languages drive decoding"),
+        Requirement("config.input_frames", "audio is cut into windows of the encoder's fixed input length"),
+        Requirement("config.max_source_positions", "timestamp tokens are converted to seek frames by it"),
+        Requirement("config.max_target_positions", "max_new_tokens is bounded by half the text context"),
+    )
     options_class = AedOptions
     supported_options = frozenset({"language", "task", "beam_size", "n_best", "temperature", "prompt",
                                    "max_new_tokens", "timestamps", "word_timestamps"})

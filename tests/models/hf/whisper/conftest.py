@@ -89,7 +89,7 @@ def tiny_en(tiny_en_dir):
 
 @pytest.fixture(scope="session")
 def tiny_en_strategy(tiny_en):
-    from oasr.engine.decode.base import DecodeContext
+    from oasr.decoding.strategy import DecodeContext
     from oasr_models_hf.whisper.decode import AedDecodeStrategy
 
     loaded, tokenizer = tiny_en

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from oasr.engine.decode.base import DecodeBatch, DecodeContext
+from oasr.decoding.strategy import DecodeBatch, DecodeContext
 from oasr.engine.options import DecodingOptions
 from oasr.errors import RequestError
 from oasr_models_hf.whisper.decode import AedDecodeStrategy

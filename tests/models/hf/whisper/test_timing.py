@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from oasr.engine.decode.base import DecodeBatch
+from oasr.decoding.strategy import DecodeBatch
 from oasr.engine.options import DecodingOptions
 from oasr_models_hf.whisper.timing import dtw, median_filter
 

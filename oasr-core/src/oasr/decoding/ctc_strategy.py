@@ -1,16 +1,35 @@
-"""The ``ctc`` decode strategy: greedy or prefix-beam search over the model's CTC log-probs."""
+"""The ``ctc`` decode strategy: greedy or prefix-beam search over the model's CTC log-probs.
+
+Offline it reads the fused encoder + CTC head (``forward_offline``); streaming it applies the CTC
+projection (``ctc_log_probs``) to each chunk's encoder frames, once for every stream of the chunk.
+"""
 
 from __future__ import annotations
 
 import time
-from typing import Literal
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import attrs
 import torch
 
+from oasr.decoding.strategy import DecodeBatch, DecodeStrategy
 from oasr.decoding.types import Hypothesis
-from oasr.engine.decode.base import DecodeBatch, DecodeStrategy
 from oasr.errors import RequestError
+from oasr.models.interfaces import Requirement
+
+CTC_STREAM_REQUIRES = (
+    Requirement("ctc_log_probs", "streaming applies the CTC projection to each chunk's encoder frames (B, T, D)"),
+)
+
+
+def advance_ctc_searches(model: Any, searches: Sequence[Any], hidden: torch.Tensor, lengths: Sequence[int]) -> None:
+    """One CTC projection over a chunk's hidden states, then each stream's search advances by its
+    row's log-probs (``search.advance_log_probs``)."""
+    log_probs = model.ctc_log_probs(hidden).float().cpu()
+    for row, search in enumerate(searches):
+        if lengths[row]:
+            search.advance_log_probs(log_probs[row, : lengths[row]])
 
 
 @attrs.define
@@ -26,6 +45,9 @@ class CtcOptions:
 
 class CtcDecodeStrategy(DecodeStrategy):
     family = "ctc"
+    requires = (Requirement("forward_offline", "CTC search reads per-frame log-probs (B, T', V) and their lengths "
+                                               "from the fused encoder + CTC head"),)
+    stream_requires = CTC_STREAM_REQUIRES
     options_class = CtcOptions
     supported_options = frozenset({"word_timestamps", "beam_size", "n_best", "hotwords"})
 
@@ -44,6 +66,9 @@ class CtcDecodeStrategy(DecodeStrategy):
 
     def stream_search(self, options) -> CtcStreamSearch:
         return CtcStreamSearch(self, options)
+
+    def advance_streams(self, searches, hidden, lengths) -> None:
+        advance_ctc_searches(self.ctx.model, searches, hidden, lengths)
 
     def _beam(self, options) -> bool:
         return (self.options.search == "prefix_beam" or (options.beam_size or 1) > 1 or options.n_best > 1
@@ -84,7 +109,7 @@ class CtcDecodeStrategy(DecodeStrategy):
         greedy_rows = [i for i, o in enumerate(options_list) if not self._beam(o)]
         if greedy_rows:
             hyps = ctc_greedy_search(log_probs[greedy_rows], lengths[greedy_rows], blank=self.blank_id)
-            for i, hyp in zip(greedy_rows, hyps):
+            for i, hyp in zip(greedy_rows, hyps, strict=True):
                 results[i] = hyp
         groups: dict[tuple, list[int]] = {}
         for i, o in enumerate(options_list):
@@ -96,12 +121,12 @@ class CtcDecodeStrategy(DecodeStrategy):
             nbests = ctc_prefix_beam_search(log_probs[rows], lengths[rows], beam_size=beam, n_best=max(n_best, 1),
                                             blank=self.blank_id,
                                             blank_skip_threshold=self.options.blank_skip_threshold, context=context)
-            for i, nbest in zip(rows, nbests):
+            for i, nbest in zip(rows, nbests, strict=True):
                 best = nbest[0] if nbest else Hypothesis(tokens=[])
                 best.nbest = nbest
                 results[i] = best
         frame = self.frame_seconds()
-        for hyp, opts in zip(results, options_list):
+        for hyp, opts in zip(results, options_list, strict=True):
             self._finish_hypothesis(hyp, frame, opts)
         return results
 
@@ -123,9 +148,10 @@ class CtcDecodeStrategy(DecodeStrategy):
 class CtcStreamSearch:
     """Per-stream CTC search state: incremental greedy or prefix beam.
 
-    Nothing proportional to the vocabulary is kept per frame; the encoder output is kept only for a
-    strategy that rescores the final n-best with it (``finalize_stream``).
+    Nothing proportional to the vocabulary is kept per frame, and no encoder output is kept.
     """
+
+    keeps_hidden = False
 
     def __init__(self, strategy: CtcDecodeStrategy, options):
         self.strategy = strategy
@@ -136,23 +162,27 @@ class CtcStreamSearch:
             from oasr.decoding.ctc import CtcPrefixBeamState
 
             beam = options.beam_size if (options.beam_size or 1) > 1 else strategy.options.beam_size
-            self.n_best = max(options.n_best, getattr(strategy, "stream_n_best", 1))
+            self.n_best = options.n_best
             context = strategy.context_graph(options.hotwords) if options.hotwords else None
             self.state = CtcPrefixBeamState(beam_size=beam, blank=self.blank, context=context,
                                             blank_skip_threshold=strategy.options.blank_skip_threshold)
-        self.keeps_hidden = getattr(strategy, "finalize_stream", None) is not None
         self.tokens: list[int] = []
         self.frames: list[int] = []
         self.confidences: list[float] = []
         self.prev = self.blank
         self.seen = 0
 
-    def advance(self, log_probs: torch.Tensor) -> None:
+    def advance(self, hidden: torch.Tensor) -> None:
+        """One chunk's encoder frames (T, D) of this stream."""
+        self.advance_log_probs(self.strategy.ctx.model.ctc_log_probs(hidden[None])[0].float().cpu())
+
+    def advance_log_probs(self, log_probs: torch.Tensor) -> None:
+        """One chunk's CTC log-probs (T, V) of this stream."""
         if self.state is not None:
             self.state.advance(log_probs)
         else:
             best, ids = log_probs.max(-1)
-            for t, (token, score) in enumerate(zip(ids.tolist(), best.exp().tolist())):
+            for t, (token, score) in enumerate(zip(ids.tolist(), best.exp().tolist(), strict=True)):
                 if token != self.blank and token != self.prev:
                     self.tokens.append(token)
                     self.frames.append(self.seen + t)
@@ -174,8 +204,5 @@ class CtcStreamSearch:
             hyp.nbest = nbest
         else:
             hyp = self.best()
-        if self.keeps_hidden and hidden and hyp.nbest:
-            hyp = self.strategy.finalize_stream(torch.cat(hidden)[None], hyp.nbest, self.options)
-            return hyp
         self.strategy._finish_hypothesis(hyp, frame_seconds, self.options)
         return hyp
