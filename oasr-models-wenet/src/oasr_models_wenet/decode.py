@@ -93,7 +93,7 @@ class CtcAedRescoringStrategy(DecodeStrategy):
                 for row in rows:
                     results[row] = exc
                 continue
-            for row, nbest in zip(rows, found):
+            for row, nbest in zip(rows, found, strict=True):
                 nbests[row] = list(nbest)
         rows = sorted(nbests)
         if rows:
@@ -102,7 +102,7 @@ class CtcAedRescoringStrategy(DecodeStrategy):
                 rescored = model.decoder.rescore(hidden.index_select(0, index), lens.index_select(0, index),
                                                  [[h.tokens for h in nbests[r]] for r in rows],
                                                  reverse_weight=self.reverse_weight)
-            for row, scored in zip(rows, rescored):
+            for row, scored in zip(rows, rescored, strict=True):
                 results[row] = self._pick(nbests[row], scored, batch.options[row].n_best)
         batch.timings["encoder"] = t1 - t0
         batch.timings["decode"] = time.perf_counter() - t1

@@ -84,7 +84,7 @@ class CtcDecodeStrategy(DecodeStrategy):
         greedy_rows = [i for i, o in enumerate(options_list) if not self._beam(o)]
         if greedy_rows:
             hyps = ctc_greedy_search(log_probs[greedy_rows], lengths[greedy_rows], blank=self.blank_id)
-            for i, hyp in zip(greedy_rows, hyps):
+            for i, hyp in zip(greedy_rows, hyps, strict=True):
                 results[i] = hyp
         groups: dict[tuple, list[int]] = {}
         for i, o in enumerate(options_list):
@@ -96,12 +96,12 @@ class CtcDecodeStrategy(DecodeStrategy):
             nbests = ctc_prefix_beam_search(log_probs[rows], lengths[rows], beam_size=beam, n_best=max(n_best, 1),
                                             blank=self.blank_id,
                                             blank_skip_threshold=self.options.blank_skip_threshold, context=context)
-            for i, nbest in zip(rows, nbests):
+            for i, nbest in zip(rows, nbests, strict=True):
                 best = nbest[0] if nbest else Hypothesis(tokens=[])
                 best.nbest = nbest
                 results[i] = best
         frame = self.frame_seconds()
-        for hyp, opts in zip(results, options_list):
+        for hyp, opts in zip(results, options_list, strict=True):
             self._finish_hypothesis(hyp, frame, opts)
         return results
 
@@ -152,7 +152,7 @@ class CtcStreamSearch:
             self.state.advance(log_probs)
         else:
             best, ids = log_probs.max(-1)
-            for t, (token, score) in enumerate(zip(ids.tolist(), best.exp().tolist())):
+            for t, (token, score) in enumerate(zip(ids.tolist(), best.exp().tolist(), strict=True)):
                 if token != self.blank and token != self.prev:
                     self.tokens.append(token)
                     self.frames.append(self.seen + t)
