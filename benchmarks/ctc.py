@@ -104,7 +104,7 @@ def main() -> None:
 
     t_kernel, kernel_out = _best_of(oasr_kernel, args.repeats)
     t_reference, reference_out = _best_of(oasr_reference, 1, warmup=False)
-    for k_row, r_row in zip(kernel_out, reference_out):
+    for k_row, r_row in zip(kernel_out, reference_out, strict=True):
         assert [(h.tokens, h.token_frames) for h in k_row] == [(h.tokens, h.token_frames) for h in r_row]
         assert np.allclose([h.score for h in k_row], [h.score for h in r_row], rtol=1e-12, atol=0)
     t_pyctc, pyctc_out = _best_of(pyctc, 2, warmup=False)
@@ -113,7 +113,7 @@ def main() -> None:
 
     labels = labels_for(args.vocab)
     same_text = 0
-    for beams, nbest in zip(pyctc_out, kernel_out):
+    for beams, nbest in zip(pyctc_out, kernel_out, strict=True):
         ours = "".join(labels[t] for t in nbest[0].tokens).replace("▁", " ").strip()
         same_text += beams[0][0] == ours
 

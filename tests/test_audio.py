@@ -9,6 +9,7 @@ lossy ones are compared after finding the codec's delay (encoder priming), by co
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
 
 import av
@@ -215,6 +216,88 @@ def test_bad_input_gets_its_audio_error(tmp_path, make, kwargs, reason):
 
 def test_max_seconds_from_the_environment(monkeypatch):
     monkeypatch.setenv("OASR_MAX_AUDIO_SECONDS", "0.25")
-    with pytest.raises(AudioError, match="limit of 0 s"):
+    with pytest.raises(AudioError, match="limit of 0.25 s"):
         audio.load(_voice(16000))
     assert audio.load(_voice(16000), max_seconds=2.0).size == 16000
+
+
+# -- decoded-size limits (the decode is streamed; limits hold before and while decoding) ---------------------
+def _write_silence(path: Path, rate: int, channels: int, seconds: int, fmt: str = "FLAC") -> Path:
+    block = np.zeros((rate, channels), dtype=np.int16)
+    with sf.SoundFile(path, "w", samplerate=rate, channels=channels, format=fmt, subtype="PCM_16") as f:
+        for _ in range(seconds):
+            f.write(block)
+    return path
+
+
+_RSS_PROBE = """
+import resource, sys
+import numpy as np, soundfile, soxr
+from oasr import audio
+audio.load(np.zeros(1600, np.float32))  # warm the import paths
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+samples = audio.load(sys.argv[1])
+print(samples.size, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) // 1024)
+"""
+
+
+def test_an_eight_channel_96k_bomb_decodes_in_bounded_memory(tmp_path):
+    """476 KB of FLAC (8 channels, 96 kHz, 600 s of silence): the peak RSS growth of the decode stays
+    within 300 MB (decoding it whole needed ~2 GB: 8 × 96,000 × 600 float32 samples)."""
+    import subprocess
+    import sys
+
+    bomb = _write_silence(tmp_path / "bomb.flac", 96000, 8, 600)
+    assert bomb.stat().st_size < 2**20
+    done = subprocess.run([sys.executable, "-c", _RSS_PROBE, str(bomb)], capture_output=True, text=True,
+                          timeout=300, check=True)
+    size, growth_mb = map(int, done.stdout.split())
+    assert size == 600 * 16000
+    assert growth_mb < 300, f"decoding grew the peak RSS by {growth_mb} MB"
+
+
+def test_the_duration_limit_refuses_from_metadata_before_decoding(tmp_path, monkeypatch):
+    bomb = _write_silence(tmp_path / "long.flac", 96000, 8, 40)
+    monkeypatch.setattr(audio._Decoded, "add", lambda *a: pytest.fail("decoded a sample"))
+    with pytest.raises(AudioError, match=r"is 40 s long, over the limit of 30 s"):
+        audio.load(bomb, max_seconds=30)
+
+
+def test_the_decoded_size_budget_refuses_many_channels_at_a_high_rate(tmp_path):
+    """20 s at 8 × 96 kHz is 15.4 M decoded samples: under a 60 s limit the budget is 5.76 M."""
+    wide = _write_silence(tmp_path / "wide.flac", 96000, 8, 20)
+    with pytest.raises(AudioError, match="decoded-size budget"):
+        audio.load(wide, max_seconds=60)
+    assert audio.load(wide, max_seconds=200).size == 20 * 16000  # the same file under a longer limit
+
+
+def test_the_limits_hold_while_decoding_whatever_the_metadata_said():
+    """A stream without a trustworthy length (no duration in the container): the decoder counts."""
+    sink = audio._Decoded("x", 16000, 2.0, math.inf, "hint")
+    with pytest.raises(AudioError, match="longer than the limit of 2 s"):
+        for _ in range(5):
+            sink.add(np.zeros((1, 16000), np.float32), 16000)
+    budget = audio._Decoded("x", 16000, 60.0, 4 * 48000, "hint")
+    with pytest.raises(AudioError, match="decoded-size budget"):
+        for _ in range(5):
+            budget.add(np.zeros((8, 48000), np.float32), 48000)
+
+
+def test_a_file_labelled_one_hertz_is_refused(tmp_path):
+    """6.4 KB of .au at 1 Hz would be upsampled to 53 minutes of audio."""
+    buffer = io.BytesIO()
+    sf.write(buffer, np.zeros(3200, np.int16), 1, format="AU", subtype="PCM_16")
+    with pytest.raises(AudioError, match="below the minimum of 4000 Hz"):
+        audio.load(buffer.getvalue())
+    with pytest.raises(AudioError, match="below the minimum"):
+        audio.load(np.zeros(3200, np.float32), sample_rate=1)
+
+
+@pytest.mark.parametrize("scale", [32767.0, 1e30])
+def test_out_of_range_float_files_are_refused(scale):
+    """Float WAVs scaled like int16 (or absurdly) are refused, as float arrays already were."""
+    data = _encode_soundfile(_voice(16000) * np.float32(scale), 16000, "WAV", "FLOAT")
+    with pytest.raises(AudioError, match="float samples must lie in"):
+        audio.load(data)
+    in_range = _encode_soundfile(_voice(16000), 16000, "WAV", "FLOAT")
+    np.testing.assert_allclose(audio.load(in_range), _voice(16000), atol=1e-6)

@@ -35,7 +35,7 @@ def check_against_wenet(fixtures_dir, clip, mode, search):
     assert [h.score for h in nbest] == tensors[f"{mode}.prefix_nbest_scores"].tolist()
     assert [h.token_frames for h in nbest] == results["prefix_nbest_times"]
     for h in nbest:
-        posteriors = [float(np.exp(np.float64(log_probs[f, u]))) for f, u in zip(h.token_frames, h.tokens)]
+        posteriors = [float(np.exp(np.float64(log_probs[f, u]))) for f, u in zip(h.token_frames, h.tokens, strict=True)]
         assert h.token_confidences == pytest.approx(posteriors, rel=1e-12)
 
 

@@ -17,7 +17,7 @@ SHIFT, OFFSET = 0.04, 1.0
 def constructed_log_probs(path, posterior, vocab):
     """Frame t gives label path[t] the posterior ``posterior[t]``; the rest share what is left."""
     probs = torch.empty(len(path), vocab, dtype=torch.float64)
-    for t, (label, p) in enumerate(zip(path, posterior)):
+    for t, (label, p) in enumerate(zip(path, posterior, strict=True)):
         probs[t] = (1.0 - p) / (vocab - 1)
         probs[t, label] = p
     return probs.log()
@@ -54,7 +54,7 @@ def test_words_on_a_constructed_alignment(wenet_units):
         ("ok", 12, 14, [0.85, 0.65]),
     ]
     assert [w.word for w in words] == [e[0] for e in expected]
-    for word, (_, first, end, confs) in zip(words, expected):
+    for word, (_, first, end, confs) in zip(words, expected, strict=True):
         assert word.word in text
         assert word.start == first * SHIFT + OFFSET
         assert word.end == end * SHIFT + OFFSET
@@ -112,8 +112,8 @@ def test_sentencepiece_words_span_their_pieces(fixtures_dir):
     assert all(w.confidence is None for w in words)
     pieces = [tok.id_to_piece(t) for t in tokens]
     starts = [i for i, p in enumerate(pieces) if p.startswith("▁")]
-    bounds = list(zip(starts, [*starts[1:], len(tokens)]))
-    for word, (first, stop) in zip(words, bounds):
+    bounds = list(zip(starts, [*starts[1:], len(tokens)], strict=True))
+    for word, (first, stop) in zip(words, bounds, strict=True):
         assert word.start == frames[first] * 0.03 and word.end == (frames[stop - 1] + 1) * 0.03
 
 

@@ -30,7 +30,7 @@ def _stream(config: FeatureConfig, rows: list[torch.Tensor], seed: int,
     extractor = extractor or BatchedStreamingFeatureExtractor(config, batch_size=len(rows))
     pieces: list[list[torch.Tensor]] = [[] for _ in rows]
     position = [0] * len(rows)
-    while any(p < r.numel() for p, r in zip(position, rows)):
+    while any(p < r.numel() for p, r in zip(position, rows, strict=True)):
         slots = [i for i, r in enumerate(rows) if position[i] < r.numel() and rng.random() < 0.7]
         if not slots:
             continue
@@ -39,7 +39,7 @@ def _stream(config: FeatureConfig, rows: list[torch.Tensor], seed: int,
             size = rng.choice([1, 2, 7, 159, 160, 161, 333, 512, 1600, 4001])
             chunks.append(rows[i][position[i]:position[i] + size])
             position[i] += size
-        for i, frames in zip(slots, extractor.process_chunk(slots, chunks)):
+        for i, frames in zip(slots, extractor.process_chunk(slots, chunks), strict=True):
             assert frames.shape[1] == config.output_dim
             pieces[i].append(frames)
     for i, frames in enumerate(extractor.flush(list(range(len(rows))))):

@@ -20,6 +20,7 @@ import soundfile as sf
 
 from oasr.engine import Engine, EngineConfig
 from oasr.serve.app import create_app
+from oasr.serve.server import OasrServer, uvicorn_config
 from oasr.serve.settings import ServerSettings
 from tests.helpers import REPO, ensure_tinyctc_importable, tinyctc_registered
 
@@ -37,16 +38,14 @@ WAIT = 30.0
 class ServerThread:
     """uvicorn serving ``app`` on 127.0.0.1 in a daemon thread."""
 
-    def __init__(self, app, *, grace: float = 5.0):
-        import uvicorn
-
+    def __init__(self, app, *, grace: float | None = None):
+        """``grace`` is accepted for old call sites; the app's ``shutdown_grace`` setting governs."""
         self.app = app
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace, ws_max_size=16 * 2**20)
-        self.server = uvicorn.Server(config)
+        self.server = OasrServer(uvicorn_config(app, app.state.oasr.settings, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     @property
@@ -76,14 +75,15 @@ def tinyctc_engine(path: Path, **config) -> Engine:
     """An engine on a random tinyctc checkpoint (the architecture is registered only while it loads)."""
     with tinyctc_registered():
         if not (path / "tinyctc.json").exists():
-            write_checkpoint(path, seed=1)
+            write_checkpoint(path, seed=5)
         return Engine(EngineConfig(model=str(path), **config))
 
 
 @contextlib.contextmanager
 def serving(engine: Engine, **settings) -> Iterator[ServerThread]:
     settings.setdefault("served_model_names", (MODEL_NAME,))
-    server = ServerThread(create_app(engine, ServerSettings(**settings)), grace=settings.get("shutdown_grace", 5.0))
+    settings.setdefault("shutdown_grace", 5.0)
+    server = ServerThread(create_app(engine, ServerSettings(**settings)))
     server.start()
     try:
         yield server

@@ -59,7 +59,7 @@ def test_special_token_ids_equal_openai_whisper(which, request):
         assert getattr(ours, name) == getattr(ref, name), name
     # openai-whisper lists languages in set order; ours are in token order
     assert list(ours.language_ids) == sorted(ref.all_language_tokens)
-    assert dict(zip(ours.languages, ours.language_ids)) == dict(zip(ref.all_language_codes, ref.all_language_tokens))
+    assert dict(zip(ours.languages, ours.language_ids, strict=True)) == dict(zip(ref.all_language_codes, ref.all_language_tokens, strict=True))
     for code in ("en", "zh", "de", "ja", "haw", "su"):
         assert ours.language_token(code) == ref.to_language_token(code)
     assert ours.non_speech_tokens() == list(ref.non_speech_tokens)

@@ -6,11 +6,24 @@ whatever libsndfile cannot read, by FFmpeg through PyAV (m4a/AAC, mp4, webm, opu
 averaged to mono and the signal is resampled with soxr (``HQ``).  Integer PCM arrays are scaled to
 [-1, 1] (int16 / 32768 ...); float arrays must already be in that range.
 
-Anything unusable raises :class:`oasr.errors.AudioError` naming the source and the reason: a missing or
-undecodable file, no audio stream, zero samples, NaN/Inf samples, an unsupported dtype, more than two
-dimensions or an ambiguous channel layout, a non-positive sample rate, float samples far outside
-[-1, 1], or audio longer than ``max_seconds`` (default :data:`DEFAULT_MAX_SECONDS`, or the
-``OASR_MAX_AUDIO_SECONDS`` environment variable).
+Encoded audio is decoded as a stream: each decoded block is checked, averaged to mono and fed to a
+streaming soxr resampler before the next block is decoded, so memory is bounded by the model-rate mono
+signal, whatever the file's channel count and rate.
+
+Limits (all :class:`oasr.errors.AudioError`, checked from the container's metadata before decoding and
+enforced again while decoding, since metadata can lie):
+
+- duration: at most ``max_seconds`` (default :data:`DEFAULT_MAX_SECONDS` = 4 h, or the
+  ``OASR_MAX_AUDIO_SECONDS`` environment variable);
+- decoded size: channels × rate × seconds at most ``max_seconds`` × :data:`DECODED_SAMPLES_PER_SECOND`
+  (96,000: the longest accepted 48 kHz stereo file);
+- sample rate: at least :data:`MIN_SAMPLE_RATE` (4 kHz); channels: at most :data:`MAX_CHANNELS` (64);
+- samples: finite, and float samples (arrays and float files alike) with a peak at most
+  :data:`MAX_FLOAT_PEAK` (2.0).
+
+Anything else unusable raises :class:`AudioError` naming the source and the reason too: a missing or
+undecodable file, no audio stream, zero samples, an unsupported dtype, more than two dimensions or an
+ambiguous channel layout, a non-positive sample rate.
 """
 
 from __future__ import annotations
@@ -30,8 +43,15 @@ DEFAULT_MAX_SECONDS = 4 * 3600.0
 #: float input whose peak exceeds this is refused (int16-scaled floats are the usual cause); codecs and
 #: resamplers overshoot 1.0 slightly, so the limit is not 1.0
 MAX_FLOAT_PEAK = 2.0
-#: a 2-D array's channel axis is the one no longer than this
+#: a 2-D array's channel axis is the one no longer than this; also the most channels a file may carry
 MAX_CHANNELS = 64
+#: the lowest sample rate accepted (a file labelled 1 Hz would be upsampled into hours of audio)
+MIN_SAMPLE_RATE = 4000
+#: decoded-size budget: a file may decode to at most this many samples (channels × frames) per second
+#: of the duration limit, i.e. as much as the longest accepted 48 kHz stereo file
+DECODED_SAMPLES_PER_SECOND = 2 * 48000
+#: the settings behind ``max_seconds``, named in the too-long message
+LIMIT_HINT = "max_seconds / OASR_MAX_AUDIO_SECONDS"
 
 _INT_SCALES = {np.dtype(np.int8): 128.0, np.dtype(np.int16): 32768.0, np.dtype(np.int32): 2147483648.0}
 
@@ -118,67 +138,155 @@ def _rewind(handle: Any) -> Any:
     return handle
 
 
-def _decode_soundfile(handle: Any, what: str, limit: float) -> tuple[np.ndarray, int]:
+def _too_long(what: str, seconds: float | None, limit: float, hint: str) -> AudioError:
+    length = f"is {seconds:.0f} s long, over" if seconds is not None else "is longer than"
+    return AudioError(f"audio {what} {length} the limit of {limit:g} s ({hint})", source=what)
+
+
+class _Decoded:
+    """Decoded blocks → mono float32 at the target rate, one block at a time.
+
+    Memory is bounded by the model-rate mono output: each block (any channel count, any rate) is
+    checked, averaged to mono and fed to a streaming soxr resampler before the next is decoded.  The
+    limits hold while decoding, whatever the container's metadata claimed: output seconds, decoded
+    samples (channels × frames, the decode work), finite samples, and the float peak.
+    """
+
+    def __init__(self, what: str, target_rate: int | None, limit: float, budget: float, hint: str):
+        self.what, self.target_rate, self.limit, self.budget, self.hint = what, target_rate, limit, budget, hint
+        self.rate: int | None = None
+        self.decoded = 0
+        self.frames = 0
+        self.seconds = 0.0
+        self.chunks: list[np.ndarray] = []
+        self._resampler: Any = None
+
+    def _set_rate(self, rate: int) -> None:
+        if rate == self.rate:
+            return
+        check_plausible_rate(rate, self.what)
+        self._flush()
+        self.rate = rate
+        if self.target_rate is not None and rate != self.target_rate:
+            import soxr
+
+            self._resampler = soxr.ResampleStream(rate, self.target_rate, 1, dtype="float32", quality="HQ")
+
+    def _emit(self, mono: np.ndarray) -> None:
+        if mono.size:
+            self.chunks.append(np.ascontiguousarray(mono, dtype=np.float32))
+
+    def _flush(self) -> None:
+        if self._resampler is not None:
+            self._emit(self._resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True))
+            self._resampler = None
+
+    def add(self, block: np.ndarray, rate: int) -> None:
+        """One decoded block, (channels, frames) float32 at ``rate``."""
+        self._set_rate(int(rate))
+        channels, frames = block.shape
+        self.decoded += block.size
+        self.frames += frames
+        self.seconds += frames / self.rate
+        if self.seconds > self.limit:
+            raise _too_long(self.what, None, self.limit, self.hint)
+        if self.decoded > self.budget:
+            raise AudioError(f"audio {self.what} decodes to more than {self.budget:.3g} samples (channels × rate × "
+                             f"seconds), over the decoded-size budget for a {self.limit:g} s limit "
+                             f"({DECODED_SAMPLES_PER_SECOND} per second of the limit)", source=self.what)
+        if not np.isfinite(block).all():
+            bad = int((~np.isfinite(block)).sum())
+            raise AudioError(f"audio {self.what} contains non-finite (NaN or Inf) samples ({bad} in one block)",
+                             source=self.what)
+        peak = float(np.abs(block).max()) if block.size else 0.0
+        if peak > MAX_FLOAT_PEAK:
+            raise AudioError(f"audio {self.what}: float samples must lie in [-1, 1], got a peak of {peak:g} "
+                             f"(a float file scaled like int16? divide by 32768)", source=self.what)
+        if self.target_rate is None:
+            return  # counting only
+        mono = block.mean(axis=0, dtype=np.float32) if channels > 1 else block[0]
+        self._emit(self._resampler.resample_chunk(mono) if self._resampler is not None else mono)
+
+    def finish(self) -> np.ndarray:
+        self._flush()
+        if not self.chunks:
+            return np.zeros(0, dtype=np.float32)
+        return self.chunks[0] if len(self.chunks) == 1 else np.concatenate(self.chunks)
+
+
+def _precheck(what: str, channels: int, rate: float, seconds: float | None, limit: float, budget: float,
+              hint: str) -> None:
+    """Refuse from the container's metadata, before decoding a sample."""
+    if rate:
+        check_plausible_rate(rate, what)
+    if channels > MAX_CHANNELS:
+        raise AudioError(f"audio {what} has {channels} channels; at most {MAX_CHANNELS} are accepted", source=what)
+    if seconds is not None and seconds > limit:
+        raise _too_long(what, seconds, limit, hint)
+    if seconds is not None and rate and channels * rate * seconds > budget:
+        raise AudioError(f"audio {what} would decode to {channels * rate * seconds:.3g} samples ({channels} channels × "
+                         f"{rate:g} Hz × {seconds:.0f} s), over the decoded-size budget of {budget:.3g} for a "
+                         f"{limit:g} s limit ({DECODED_SAMPLES_PER_SECOND} per second of the limit)", source=what)
+
+
+def _decode_soundfile(handle: Any, sink: _Decoded) -> None:
     import soundfile
 
     with soundfile.SoundFile(_rewind(handle)) as f:
-        if f.samplerate > 0 and f.frames > 0 and f.frames / f.samplerate > limit:
-            raise AudioError(f"audio {what} is {f.frames / f.samplerate:.0f} s long, over the limit of {limit:.0f} s "
-                             f"(max_seconds / OASR_MAX_AUDIO_SECONDS)", source=what)
-        data = f.read(dtype="float32", always_2d=True)
-        return data.T, f.samplerate
+        seconds = f.frames / f.samplerate if f.samplerate > 0 and 0 < f.frames < 2**62 else None
+        _precheck(sink.what, f.channels, f.samplerate, seconds, sink.limit, sink.budget, sink.hint)
+        blocksize = max(4096, min(int(f.samplerate), 1 << 18))
+        for block in f.blocks(blocksize=blocksize, dtype="float32", always_2d=True):
+            sink.add(block.T, f.samplerate)
 
 
-def _decode_av(handle: Any, what: str, limit: float) -> tuple[np.ndarray, int]:
+def _decode_av(handle: Any, sink: _Decoded) -> None:
     import av
 
     with av.open(_rewind(handle), mode="r") as container:
         if not container.streams.audio:
-            raise AudioError(f"audio {what}: the container has no audio stream", source=what)
+            raise AudioError(f"audio {sink.what}: the container has no audio stream", source=sink.what)
         stream = container.streams.audio[0]
+        rate = stream.codec_context.sample_rate or stream.rate or 0
+        seconds = None
         if stream.duration is not None and stream.time_base is not None:
             seconds = float(stream.duration * stream.time_base)
-            if seconds > limit:
-                raise AudioError(f"audio {what} is {seconds:.0f} s long, over the limit of {limit:.0f} s "
-                                 f"(max_seconds / OASR_MAX_AUDIO_SECONDS)", source=what)
+        _precheck(sink.what, stream.codec_context.channels or 0, rate, seconds, sink.limit, sink.budget, sink.hint)
         to_float = av.AudioResampler(format="fltp")
-        planes: list[np.ndarray] = []
-        rate = stream.codec_context.sample_rate or stream.rate
-        decoded = 0
         for frame in container.decode(stream):
-            rate = frame.sample_rate or rate
             for converted in to_float.resample(frame):
-                planes.append(converted.to_ndarray())
-                decoded += planes[-1].shape[1]
-            if rate and decoded / rate > limit:
-                raise AudioError(f"audio {what} is longer than the limit of {limit:.0f} s "
-                                 f"(max_seconds / OASR_MAX_AUDIO_SECONDS)", source=what)
+                sink.add(converted.to_ndarray(), converted.sample_rate or rate)
         for converted in to_float.resample(None):
-            planes.append(converted.to_ndarray())
-    if not planes:
-        return np.zeros((1, 0), dtype=np.float32), int(rate or 0)
-    return np.concatenate(planes, axis=1), int(rate)
+            sink.add(converted.to_ndarray(), converted.sample_rate or rate)
+        if sink.rate is None and rate:
+            sink._set_rate(int(rate))
 
 
-def _decode(source: Any, what: str, limit: float) -> tuple[np.ndarray, int]:
-    """Encoded audio → ((channels, samples) float32, sample rate): soundfile first, then FFmpeg."""
+def _decode(source: Any, what: str, sink: _Decoded) -> _Decoded:
+    """Encoded audio through ``sink``: soundfile first, then FFmpeg (PyAV)."""
     handle, size = _read_source(source, what)
     if size == 0:
         raise AudioError(f"audio {what} is empty (0 bytes)", source=what)
     errors = []
-    try:
-        return _decode_soundfile(handle, what, limit)
-    except AudioError:
-        raise
-    except Exception as exc:  # libsndfile cannot read this format: try FFmpeg
-        errors.append(f"soundfile: {exc}")
-    try:
-        return _decode_av(handle, what, limit)
-    except AudioError:
-        raise
-    except Exception as exc:
-        errors.append(f"ffmpeg: {type(exc).__name__}: {exc}")
+    for name, decoder in (("soundfile", _decode_soundfile), ("ffmpeg", _decode_av)):
+        try:
+            decoder(handle, sink)
+            return sink
+        except AudioError:
+            raise
+        except Exception as exc:  # this decoder cannot read the format: try the next one
+            if sink.decoded:
+                raise AudioError(f"audio {what} failed while decoding ({name}: {type(exc).__name__}: {exc})",
+                                 source=what) from None
+            errors.append(f"{name}: {type(exc).__name__}: {exc}" if name == "ffmpeg" else f"{name}: {exc}")
     raise AudioError(f"could not decode audio {what} ({'; '.join(errors)})", source=what)
+
+
+def check_plausible_rate(rate: float, what: str) -> None:
+    """Refuse a sample rate below :data:`MIN_SAMPLE_RATE` (a mislabelled file would be upsampled into hours)."""
+    if rate < MIN_SAMPLE_RATE:
+        raise AudioError(f"audio {what}: sample rate {rate:g} Hz is below the minimum of {MIN_SAMPLE_RATE} Hz; "
+                         f"no speech recording is sampled that slowly (a mislabelled header?)", source=what)
 
 
 def _check_rate(rate: Any, what: str, name: str) -> int | float:
@@ -189,11 +297,12 @@ def _check_rate(rate: Any, what: str, name: str) -> int | float:
 
 
 def load(source: AudioSource, target_rate: int = 16000, *, sample_rate: int | None = None,
-         max_seconds: float | None = None) -> np.ndarray:
+         max_seconds: float | None = None, limit_hint: str = LIMIT_HINT) -> np.ndarray:
     """Decode, downmix and resample ``source`` → 1-D float32 samples in [-1, 1] at ``target_rate``.
 
     ``sample_rate`` is the rate of a raw array or tensor (default: already ``target_rate``); encoded
-    audio carries its own rate and must not be given one.
+    audio carries its own rate and must not be given one.  ``limit_hint`` names the setting behind
+    ``max_seconds`` in the too-long message.
     """
     what = describe_source(source)
     target_rate = _check_rate(target_rate, what, "target_rate")
@@ -205,6 +314,7 @@ def load(source: AudioSource, target_rate: int = 16000, *, sample_rate: int | No
         source = source.numpy()
     if isinstance(source, np.ndarray):
         rate = _check_rate(target_rate if sample_rate is None else sample_rate, what, "sample_rate")
+        check_plausible_rate(rate, what)
         samples = _mono_from_array(source, what)
         if samples.size and np.isfinite(samples).all():
             peak = float(np.abs(samples).max())
@@ -215,9 +325,12 @@ def load(source: AudioSource, target_rate: int = 16000, *, sample_rate: int | No
         if sample_rate is not None:
             raise AudioError(f"audio {what}: sample_rate applies to raw arrays only; encoded audio carries its "
                              f"own rate", source=what)
-        channels, rate = _decode(source, what, limit)
-        rate = _check_rate(rate, what, "decoded sample rate")
-        samples = _mono_from_array(channels, what)
+        sink = _decode(source, what, _Decoded(what, target_rate, limit, limit * DECODED_SAMPLES_PER_SECOND,
+                                              limit_hint))
+        samples = sink.finish()
+        if samples.size == 0:
+            raise AudioError(f"audio {what} has no samples", source=what)
+        return samples
     if samples.size == 0:
         raise AudioError(f"audio {what} has no samples", source=what)
     if not np.isfinite(samples).all():
@@ -225,8 +338,7 @@ def load(source: AudioSource, target_rate: int = 16000, *, sample_rate: int | No
         raise AudioError(f"audio {what} contains {bad} non-finite (NaN or Inf) samples", source=what)
     seconds = samples.size / rate
     if seconds > limit:
-        raise AudioError(f"audio {what} is {seconds:.0f} s long, over the limit of {limit:.0f} s "
-                         f"(max_seconds / OASR_MAX_AUDIO_SECONDS)", source=what)
+        raise _too_long(what, seconds, limit, limit_hint)
     if rate != target_rate:
         import soxr
 
@@ -235,7 +347,7 @@ def load(source: AudioSource, target_rate: int = 16000, *, sample_rate: int | No
 
 
 def duration_seconds(source: AudioSource, *, sample_rate: int | None = None) -> float:
-    """Duration of ``source`` in seconds (metadata when the container has it, else a full decode)."""
+    """Duration of ``source`` in seconds (metadata when the container has it, else a counting decode)."""
     what = describe_source(source)
     if _is_tensor(source) or isinstance(source, np.ndarray):
         array = source.detach().cpu().float().numpy() if _is_tensor(source) else source
@@ -254,5 +366,6 @@ def duration_seconds(source: AudioSource, *, sample_rate: int | None = None) -> 
             return info.frames / info.samplerate
     except Exception:  # not a libsndfile format: decode with FFmpeg below
         pass
-    channels, rate = _decode(_rewind(handle) if not isinstance(handle, str) else handle, what, math.inf)
-    return channels.shape[1] / _check_rate(rate, what, "decoded sample rate")
+    sink = _decode(_rewind(handle) if not isinstance(handle, str) else handle, what,
+                   _Decoded(what, None, math.inf, math.inf, LIMIT_HINT))
+    return sink.seconds

@@ -17,6 +17,13 @@ def oasr_register_models(register) -> None:
         converter="oasr_models_hf.whisper.convert:WhisperConverter",
         description="OpenAI Whisper (Hugging Face and CTranslate2/faster-whisper layouts), aed decoding",
     )
+    register(
+        "lasr_ctc",
+        model="oasr_models_hf.lasr.model:LasrForCtcModel",
+        config="oasr_models_hf.lasr.config:LasrConfig",
+        converter="oasr_models_hf.lasr.convert:LasrConverter",
+        description="Google MedASR (Hugging Face lasr_ctc): Conformer-CTC with RoPE and scaled residuals",
+    )
 
 
 @hookimpl
@@ -32,3 +39,16 @@ def oasr_register_aliases(register) -> None:
 @hookimpl
 def oasr_register_decoders(register) -> None:
     register("aed", "oasr_models_hf.whisper.decode:AedDecodeStrategy")
+
+
+@hookimpl
+def oasr_register_extractors(register) -> None:
+    from oasr.features.registry import ExtractorSpec
+
+    register(ExtractorSpec(
+        kind="lasr_logmel",
+        fn="oasr_models_hf.lasr.features:batched_lasr_logmel",
+        validate="oasr_models_hf.lasr.features:validate_lasr",
+        description="LASR (MedASR) log-mel: uncentered frames, symmetric Hann, n_fft 512, Kaldi-scale mels "
+                    "125-7500 Hz, ln(max(m, 1e-5))",
+    ))

@@ -217,7 +217,7 @@ def special_tokens(conf: dict[str, Any], vocab_size: int) -> tuple[int, int]:
 
 def _cmvn_from_stats(means: list[float], sq_sums: list[float], count: float) -> tuple[torch.Tensor, torch.Tensor]:
     mean, istd = [], []
-    for m, s in zip(means, sq_sums):
+    for m, s in zip(means, sq_sums, strict=True):
         mu = m / count
         var = max(s / count - mu * mu, 1.0e-20)
         mean.append(mu)

@@ -93,7 +93,7 @@ class TransformerDecoder(nn.Module):
         """Teacher-forced logits (N, L, V) for ``tokens`` (N, L) with ``token_lens`` (N,) over
         per-layer cross K/V (N, H, T, d_k) and ``memory_lens`` (N,)."""
         x = self.embed(tokens)
-        for layer, kv in zip(self.decoders, memory_kv):
+        for layer, kv in zip(self.decoders, memory_kv, strict=True):
             x = layer(x, token_lens, kv, memory_lens)
         return self.output_layer(self.after_norm(x))
 

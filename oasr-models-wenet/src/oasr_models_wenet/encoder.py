@@ -507,5 +507,5 @@ class ConformerEncoder(BaseEncoder):
             lengths.append(lens)
         if not outputs:
             return feats.new_zeros(feats.size(0), 0, self.output_size), torch.zeros_like(feat_lens)
-        rows = [torch.cat([h[r, :int(n[r])] for h, n in zip(outputs, lengths)]) for r in range(feats.size(0))]
+        rows = [torch.cat([h[r, :int(n[r])] for h, n in zip(outputs, lengths, strict=True)]) for r in range(feats.size(0))]
         return pad_sequence(rows, batch_first=True), torch.stack(lengths, dim=1).sum(1)

@@ -194,7 +194,7 @@ def test_kaldi_text_cmvn_equals_json(model_dir, tmp_path):
     text = ("[ " + " ".join(repr(v) for v in stats["mean_stat"]) + f" {count!r}\n  "
             + " ".join(repr(v) for v in stats["var_stat"]) + " 0 ]\n")
     (tmp_path / "kaldi_cmvn").write_text(text)
-    for a, b in zip(read_cmvn(tmp_path / "kaldi_cmvn", is_json=False), read_cmvn(model_dir / "global_cmvn")):
+    for a, b in zip(read_cmvn(tmp_path / "kaldi_cmvn", is_json=False), read_cmvn(model_dir / "global_cmvn"), strict=True):
         assert torch.equal(a, b)
     (tmp_path / "binary").write_bytes(b"\0BDM ...")
     with pytest.raises(CheckpointFormatError, match="binary Kaldi CMVN"):
@@ -263,7 +263,7 @@ def test_native_bundle_round_trip_is_identical(loaded, refs, tmp_path):
             hidden, lens = model.encode_offline(ref["fbank"][None], torch.tensor([ref["fbank"].size(0)]))
             chunked, _ = model.encoder.forward_chunk_by_chunk(ref["fbank"][None], torch.tensor([ref["fbank"].size(0)]), 4)
             outputs.append((model.ctc_log_probs(hidden), chunked, model.decoder.rescore(hidden, lens, [hyps])[0].scores))
-    for a, b in zip(*outputs):
+    for a, b in zip(*outputs, strict=True):
         assert torch.equal(a, b)
 
 

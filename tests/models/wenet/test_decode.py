@@ -39,7 +39,7 @@ def test_rescoring_a_padded_batch_matches_wenet(loaded, refs, results):
     assert (strategy.beam_size, strategy.ctc_weight, strategy.reverse_weight) == (
         results["beam"], results["ctc_weight"], results["reverse_weight"])
     hyps = strategy.decode(_batch(refs))
-    for hyp, clip in zip(hyps, CLIPS):
+    for hyp, clip in zip(hyps, CLIPS, strict=True):
         expected = results["clips"][clip]["offline"]
         assert hyp.tokens == expected["rescoring"]["tokens"] == results["clips"][clip]["offline_api"]["attention_rescoring"]
         assert hyp.score == pytest.approx(expected["rescoring"]["score"], rel=1e-5)

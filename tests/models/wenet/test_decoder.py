@@ -63,8 +63,8 @@ def test_rescore_batches_utterances_and_equals_one_at_a_time(model, refs):
     lens = torch.cat([n for _, n in encoded])
     with torch.no_grad():
         together = model.decoder.rescore(memory, lens, hyps)
-        alone = [model.decoder.rescore(h, n, [hy])[0] for (h, n), hy in zip(encoded, hyps)]
-    for a, b in zip(together, alone):
+        alone = [model.decoder.rescore(h, n, [hy])[0] for (h, n), hy in zip(encoded, hyps, strict=True)]
+    for a, b in zip(together, alone, strict=True):
         assert_rel(a.scores, b.scores, 1e-5)
 
 

@@ -15,7 +15,7 @@ def test_engine_decodes_the_fixture_like_wenet(model_dir, refs, results, method,
     assert engine.decode_method == method
     waves = [refs[c]["wav_int16"].float().numpy() / 32768 for c in CLIPS]
     outputs = engine.transcribe_outputs(waves)
-    for out, clip in zip(outputs, CLIPS):
+    for out, clip in zip(outputs, CLIPS, strict=True):
         expected = results["clips"][clip]["offline"][key]
         assert out.error is None
         assert out.tokens == (expected["tokens"] if method == "ctc_aed_rescoring" else expected)
@@ -28,7 +28,7 @@ def test_streaming_rescoring_matches_wenets_chunked_rescoring(model_dir, refs, r
                                  decode_method="ctc_aed_rescoring"))
     waves = [refs[c]["wav_int16"].float().numpy() / 32768 for c in CLIPS]
     outputs = engine.transcribe_outputs(waves, streaming=True)
-    for out, clip in zip(outputs, CLIPS):
+    for out, clip in zip(outputs, CLIPS, strict=True):
         expected = results["clips"][clip][f"chunk4_left{left}"]["rescoring"]
         assert out.error is None
         assert out.tokens == expected["tokens"]

@@ -227,7 +227,7 @@ class ReferencePrefixBeam:
             if self.skip_log is not None and blank_lps[t] >= self.skip_log:
                 self._step(self.frames, [(self.blank, blank_lps[t])])
             else:
-                self._step(self.frames, list(zip(ids[t], values[t])))
+                self._step(self.frames, list(zip(ids[t], values[t], strict=True)))
             self.frames += 1
 
     def _extension(self, table: dict, prefix: tuple, parent: _Prefix, token: int) -> _Prefix:

@@ -134,7 +134,7 @@ def ctc_token_confidences(log_probs: torch.Tensor, tokens: Sequence[int], token_
     if log_probs.dim() != 2:
         raise ConfigError(f"log-probs must be (T, V), got shape {tuple(log_probs.shape)}", key="log_probs")
     out = []
-    for i, (token, start) in enumerate(zip(tokens, token_frames)):
+    for i, (token, start) in enumerate(zip(tokens, token_frames, strict=True)):
         end = token_end_frames[i] if token_end_frames is not None else start + 1
         if not 0 <= start < end <= log_probs.shape[0]:
             raise ConfigError(f"token {i} spans frames [{start}, {end}) outside the {log_probs.shape[0]} frames",

@@ -154,7 +154,10 @@ class Engine:
         from oasr.audio import load
 
         raw = isinstance(audio, (np.ndarray, torch.Tensor))
-        return load(audio, self.sample_rate, sample_rate=sample_rate if raw else None)
+        limit = self.config.max_audio_seconds  # enforced while decoding, not after
+        return load(audio, self.sample_rate, sample_rate=sample_rate if raw else None, max_seconds=limit,
+                    limit_hint="max_seconds / OASR_MAX_AUDIO_SECONDS" if limit is None
+                    else "EngineConfig.max_audio_seconds, oasr serve --max-audio-seconds")
 
     def check_duration(self, duration: float, request_id: str) -> None:
         """Refuse audio past ``max_audio_seconds``, or past a fixed window the family cannot long-form."""

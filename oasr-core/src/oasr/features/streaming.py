@@ -96,7 +96,7 @@ class BatchedStreamingFeatureExtractor:
         chunks = [samples] if single else list(samples)
         if len(chunks) != len(slot_list):
             raise ValueError(f"{len(chunks)} chunks for {len(slot_list)} slots")
-        for slot, chunk in zip(slot_list, chunks):
+        for slot, chunk in zip(slot_list, chunks, strict=True):
             chunk = torch.as_tensor(chunk, dtype=torch.float32).reshape(-1).to(self.device)
             if self.config.audio_scale != 1.0:
                 chunk = chunk * self.config.audio_scale

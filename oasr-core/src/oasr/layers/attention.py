@@ -91,7 +91,7 @@ class MultiHeadAttention(nn.Module):
         self.n_heads = n_heads
         self.head_dim = d_model // n_heads
         self.core = Attention(n_heads, self.head_dim)
-        for name, in_dim, has_bias in zip(self.names[:3], (d_model, kv_dim, kv_dim), bias[:3]):
+        for name, in_dim, has_bias in zip(self.names[:3], (d_model, kv_dim, kv_dim), bias[:3], strict=True):
             setattr(self, name, Linear(in_dim, d_model, bias=has_bias))
         setattr(self, self.names[3], Linear(d_model, d_model, bias=bias[3]))
 

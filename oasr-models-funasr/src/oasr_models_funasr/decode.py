@@ -1,0 +1,133 @@
+"""The ``paraformer`` decode strategy: one non-autoregressive pass, greedy over the decoder posteriors.
+
+Per batch: the SANM encoder, the CIF predictor (token count = ``round(floor(sum alphas))`` with the
+tail frame), one decoder pass over the fired acoustic embeddings, then per row the argmax of each
+token position, dropping blank / ``<s>`` / ``</s>`` — FunASR's ``Paraformer.inference`` without an
+LM or CTC beam.
+
+Token times follow FunASR's ``ts_prediction_lfr6_standard`` (:mod:`oasr_models_funasr.timestamps`):
+from the BiCif timestamp head's upsampled alphas when the checkpoint has one (what FunASR prints by
+default), else from the predictor's own alphas (what a plain Paraformer prints with
+``output_timestamp=True``).  ``Hypothesis.token_times`` / ``token_end_times`` are those milliseconds
+in seconds; ``word_timestamps`` groups them into :attr:`RequestOutput.words`.
+
+Audio longer than ``max_audio_seconds`` (default :data:`MAX_AUDIO_SECONDS`, about what FunASR's
+AutoModel runs in one pass before its users put a VAD in front) fails that request with a clear
+error: nothing is truncated.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import attrs
+import torch
+
+from oasr.decoding.types import Hypothesis, WordTiming
+from oasr.engine.decode.base import DecodeBatch, DecodeContext, DecodeStrategy
+from oasr.errors import RequestError
+from oasr_models_funasr.timestamps import token_timestamps
+from oasr_models_funasr.words import funasr_words
+
+#: the longest audio decoded in one pass; longer audio is refused until it is VAD-segmented
+MAX_AUDIO_SECONDS = 60.0
+
+
+@attrs.define
+class ParaformerOptions:
+    #: audio longer than this many seconds is refused (the model attends over the whole utterance)
+    max_audio_seconds: float = attrs.field(default=MAX_AUDIO_SECONDS, validator=attrs.validators.gt(0))
+
+
+class ParaformerDecodeStrategy(DecodeStrategy):
+    family = "paraformer"
+    options_class = ParaformerOptions
+    supported_options = frozenset({"word_timestamps", "timestamps"})
+
+    def __init__(self, ctx: DecodeContext, options: ParaformerOptions | None = None):
+        super().__init__(ctx, options)
+        defaults = ctx.decoding_defaults
+        self.dropped = {int(i) for i in (defaults.blank_id, defaults.sos_id, defaults.eos_id) if i is not None}
+
+    def too_long(self, request_id: str, seconds: float) -> RequestError | None:
+        limit = self.options.max_audio_seconds
+        if seconds <= limit + 1e-6:
+            return None
+        return RequestError(
+            f"request {request_id}: audio is {seconds:.1f} s, longer than the {limit:g} s this Paraformer decodes "
+            f"in one pass (decode option max_audio_seconds); split it (for example with a VAD) before "
+            f"transcribing", request_id=request_id, param="file")
+
+    def decode(self, batch: DecodeBatch) -> list[Hypothesis | BaseException]:
+        results: list[Hypothesis | BaseException | None] = [None] * len(batch)
+        rows = []
+        for i, (rid, wave) in enumerate(zip(batch.request_ids, batch.waveforms, strict=True)):
+            error = self.too_long(rid, wave.numel() / self.ctx.sample_rate)
+            if error is not None:
+                results[i] = error
+            else:
+                rows.append(i)
+        if not rows:
+            return results  # type: ignore[return-value]
+        device = self.ctx.device
+        index = torch.tensor(rows)
+        t0 = time.perf_counter()
+        feats = batch.feats.index_select(0, index).to(device)
+        lens = batch.feat_lens.index_select(0, index).to(device)
+        with torch.inference_mode():
+            out = self.ctx.model.recognize(feats, lens)
+            timing = self._timing_alphas(out) if self._wants_times(batch, rows) else None
+        t1 = time.perf_counter()
+        for k, row in enumerate(rows):
+            results[row] = self._hypothesis(out, k, timing, batch.options[row])
+        batch.timings["encoder"] = t1 - t0
+        batch.timings["decode"] = time.perf_counter() - t1
+        return results  # type: ignore[return-value]
+
+    def _wants_times(self, batch: DecodeBatch, rows: list[int]) -> bool:
+        """BiCif transcripts are always timed (FunASR prints them spaced by word); a plain Paraformer
+        only when a request asks."""
+        if self.ctx.model.config.has_timestamp_head:
+            return True
+        return any(batch.options[r].word_timestamps or batch.options[r].timestamps for r in rows)
+
+    def _timing_alphas(self, out):
+        """(alphas, peaks, frames per row, upsample rate) that FunASR's timestamp rules read."""
+        model = self.ctx.model
+        if model.config.has_timestamp_head:
+            up = model.config.predictor.upsample_times
+            alphas, peaks = model.predictor.upsampled_alphas(out.hidden, out.hidden_lens, out.token_lens)
+            return alphas, peaks, out.hidden_lens * up, up
+        # a plain Paraformer hands FunASR's rules its fires as alphas and its alphas as peaks
+        steps = out.hidden_lens + (1 if model.config.predictor.tail_threshold > 0 else 0)
+        return out.fires, out.alphas, steps, 1
+
+    def _hypothesis(self, out, k: int, timing, options) -> Hypothesis:
+        n = int(out.token_lens[k])
+        scores = out.log_probs[k, :n].float()
+        best, ids = scores.max(-1) if n else (scores.new_zeros(0), scores.new_zeros(0, dtype=torch.long))
+        keep = [j for j, t in enumerate(ids.tolist()) if t not in self.dropped]
+        tokens = [int(ids[j]) for j in keep]
+        confidences = [math.exp(float(best[j])) for j in keep]
+        hyp = Hypothesis(tokens=tokens, score=float(best.sum()), token_confidences=confidences,
+                         confidence=math.exp(float(best[keep].mean())) if keep else None)
+        if timing is not None and tokens:
+            alphas, peaks, steps, up = timing
+            length = int(steps[k])
+            spans = token_timestamps(alphas[k, :length], peaks[k, :length], len(tokens), upsample_rate=up)
+            self._attach_times(hyp, spans, options)
+        return hyp
+
+    def _attach_times(self, hyp: Hypothesis, spans: list[tuple[int, int]], options) -> None:
+        """Token times, FunASR's word items and (for BiCif, as FunASR prints it) the space-joined text."""
+        if len(spans) != len(hyp.tokens):
+            return  # the fires could not be matched to the tokens: FunASR has no timestamps either
+        hyp.token_times = [s / 1000.0 for s, _ in spans]
+        hyp.token_end_times = [e / 1000.0 for _, e in spans]
+        pieces = [self.ctx.tokenizer.id_to_piece(t) for t in hyp.tokens]
+        words, times = funasr_words(pieces, [list(span) for span in spans])
+        if self.ctx.model.config.has_timestamp_head:
+            hyp.text = " ".join(words).strip()
+        if options.word_timestamps and len(words) == len(times):
+            hyp.words = [WordTiming(word, s / 1000.0, e / 1000.0) for word, (s, e) in zip(words, times, strict=True)]
