@@ -24,9 +24,10 @@ import time
 import attrs
 import torch
 
+from oasr.decoding.strategy import DecodeBatch, DecodeContext, DecodeStrategy
 from oasr.decoding.types import Hypothesis, WordTiming
-from oasr.engine.decode.base import DecodeBatch, DecodeContext, DecodeStrategy
 from oasr.errors import RequestError
+from oasr.models.interfaces import Requirement
 from oasr_models_funasr.timestamps import token_timestamps
 from oasr_models_funasr.words import funasr_words
 
@@ -42,6 +43,10 @@ class ParaformerOptions:
 
 class ParaformerDecodeStrategy(DecodeStrategy):
     family = "paraformer"
+    requires = (
+        Requirement("recognize", "one pass runs the encoder, the CIF predictor and the NAR decoder over the batch "
+                                 "(ParaformerOutput: token posteriors, counts and the alphas token times come from)"),
+    )
     options_class = ParaformerOptions
     supported_options = frozenset({"word_timestamps", "timestamps"})
 
