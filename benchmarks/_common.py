@@ -48,7 +48,7 @@ def wenet_sized_bundle(path: Path, *, layers: int = 12, d_model: int = 256, head
     """
     from oasr.checkpoints.native import save_native
     from oasr.models import DecodingDefaults, FeatureSpec, LoadReport, TokenizerSpec
-    from oasr.models.loading import LoadedModel
+    from oasr.models.loaded import LoadedModel
     from oasr_models_wenet.config import ConformerEncoderConfig, ConformerModelConfig
     from oasr_models_wenet.model import ConformerModel
 

@@ -11,11 +11,10 @@ import torch
 from torch import nn
 
 import oasr
-from oasr import layers
-from oasr import plugins
+from oasr import layers, plugins
 from oasr.models import BaseAsrModel, BaseEncoder, missing_members
-from oasr.models.streaming import STREAMING_PROTOCOLS
 from oasr.models.registry import config_class, model_class
+from oasr.models.streaming import STREAMING_PROTOCOLS
 
 # torch.nn modules that do compute with weights: architectures must use the oasr.layers waist instead
 BARE_COMPUTE = (nn.Linear, nn.Bilinear, nn.LazyLinear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d,

@@ -37,6 +37,7 @@ import pluggy
 
 from oasr import hookspecs
 from oasr.errors import PluginLoadError, UnknownComponentError
+from oasr.imports import import_target
 
 ENTRY_POINT_GROUPS = ("oasr.models", "oasr.features", "oasr.kernels")
 CORE_DISTRIBUTION = "oasr-core"
@@ -54,19 +55,6 @@ HOOKS = {
     "decoders": "oasr_register_decoders",
     "kernels": "oasr_register_kernels",
 }
-
-
-def import_target(target: Any) -> Any:
-    """Resolve a ``"module:attr.path"`` string to the object; anything else is returned as is."""
-    if not isinstance(target, str):
-        return target
-    module_name, sep, attr_path = target.partition(":")
-    if not sep or not module_name or not attr_path:
-        raise ValueError(f"expected a 'module:attribute' string, got {target!r}")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr_path.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 @attrs.define

@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from oasr import serde
 from oasr.errors import CheckpointFormatError, ConfigError
-from oasr.models.loading import NATIVE_CONFIG, LoadedModel, finish_model
+from oasr.models.loaded import NATIVE_CONFIG, LoadedModel, finish_model
 from oasr.models.registry import config_class, model_class
 from oasr.models.specs import DecodingDefaults, FeatureSpec, LoadReport, TokenizerSpec
 

@@ -33,7 +33,8 @@ from oasr.engine.options import DecodingOptions, RequestOutput
 from oasr.engine.outputs import OutputCallback, build_output, deliver
 from oasr.engine.scheduler import Scheduler
 from oasr.errors import CapabilityError, EngineFullError, OasrError, RequestError
-from oasr.models.loading import LoadedModel, load_pretrained
+from oasr.models.loaded import LoadedModel
+from oasr.models.loading import load_pretrained
 
 logger = logging.getLogger("oasr.engine")
 

@@ -17,7 +17,7 @@ import threading
 import torch
 
 from oasr.features.config import FeatureConfig
-from oasr.features.registry import StreamingFraming
+from oasr.features.spec import StreamingFraming
 from oasr.layers.feature import Fbank, Mfcc
 
 _modules: dict[tuple, Fbank] = {}

@@ -36,7 +36,7 @@ import attrs
 from oasr.errors import ConfigError
 
 if TYPE_CHECKING:
-    from oasr.features.registry import ExtractorSpec
+    from oasr.features.spec import ExtractorSpec
     from oasr.models.specs import FeatureSpec
 
 NORMALIZE_MODES = (None, "per_feature", "cmvn")
@@ -113,7 +113,7 @@ class FeatureConfig:
             if key not in self.options:
                 raise ConfigError(f"normalize={self.normalize!r} needs options[{key!r}]", key="options")
         if spec.validate is not None:
-            from oasr.plugins import import_target
+            from oasr.imports import import_target
 
             import_target(spec.validate)(self)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from oasr.errors import ConfigError
-from oasr.features.registry import ExtractorSpec
+from oasr.features.spec import ExtractorSpec
 
 if TYPE_CHECKING:
     from oasr.features.config import FeatureConfig

@@ -24,7 +24,7 @@ import torch
 from oasr.errors import ConfigError
 from oasr.features.config import FeatureConfig
 from oasr.features.mel import slaney_mel_filters
-from oasr.features.registry import StreamingFraming
+from oasr.features.spec import StreamingFraming
 from oasr.layers.feature import interleave_power_weight, mel_groups, stft_mel
 
 N_FFT = 512

@@ -11,7 +11,8 @@ from oasr.models.converter import (
     load_torch_checkpoint,
 )
 from oasr.models.interfaces import Requirement, check_requirements, missing_members
-from oasr.models.loading import LoadedModel, from_pretrained, load_pretrained
+from oasr.models.loaded import LoadedModel
+from oasr.models.loading import from_pretrained, load_pretrained
 from oasr.models.registry import list_models, model_infos, register_model, unregister_model
 from oasr.models.specs import (
     CacheSpec,

@@ -36,7 +36,6 @@ class ConvertedCheckpoint:
     tokenizer: TokenizerSpec
     features: FeatureSpec
     decoding: DecodingDefaults
-    aux: dict[str, Any] = attrs.field(factory=dict)
     source: Path | None = None
 
 
@@ -61,10 +60,6 @@ class CheckpointConverter:
     def build_config(self, path: Path, state_dict: dict[str, torch.Tensor]) -> BaseModelConfig:
         raise NotImplementedError
 
-    def build_aux(self, path: Path, config: BaseModelConfig, state_dict: dict[str, torch.Tensor]) -> dict[str, Any]:
-        """Side objects (CMVN stats, ...); a converter may also fold them into the state dict."""
-        return {}
-
     def tokenizer_spec(self, path: Path, config: BaseModelConfig) -> TokenizerSpec:
         raise NotImplementedError
 
@@ -78,7 +73,6 @@ class CheckpointConverter:
         path = Path(path)
         state_dict = self.load_state_dict(path)
         config = self.build_config(path, state_dict)
-        aux = self.build_aux(path, config, state_dict)
         return ConvertedCheckpoint(
             architecture=self.architecture,
             model_config=config,
@@ -86,7 +80,6 @@ class CheckpointConverter:
             tokenizer=self.tokenizer_spec(path, config),
             features=self.feature_spec(path, config),
             decoding=self.decoding_defaults(path, config),
-            aux=aux,
             source=path,
         )
 
