@@ -11,6 +11,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PLUGINS = REPO / "tests" / "plugins"
 TINYCTC_SRC = PLUGINS / "oasr-tinyctc" / "src"
+TOYFAMILY_SRC = PLUGINS / "oasr-toyfamily" / "src"
 
 
 def ensure_tinyctc_importable() -> None:
@@ -52,3 +53,23 @@ def tinyctc_registered(converter="oasr_tinyctc.convert:TinyCtcConverter"):
     ensure_tinyctc_importable()
     return registered_model("tinyctc", "oasr_tinyctc.model:TinyCtcModel", "oasr_tinyctc.model:TinyCtcConfig",
                             converter)
+
+
+@contextlib.contextmanager
+def toyfamily_registered():
+    """The example family plugin (``toyframe`` + its ``framewise`` decode family) for a block: the
+    installed distribution when it is installed, else its source registered in-process."""
+    from oasr import plugins
+
+    if "toyframe" in plugins.registry("models"):
+        yield
+        return
+    if str(TOYFAMILY_SRC) not in sys.path:
+        sys.path.insert(0, str(TOYFAMILY_SRC))
+    import oasr_toyfamily.plugin
+
+    plugins.register_plugin(oasr_toyfamily.plugin, name="toyfamily-tests", distribution="oasr-toyfamily")
+    try:
+        yield
+    finally:
+        plugins.unregister_plugin("toyfamily-tests")
