@@ -56,19 +56,21 @@ def test_the_toy_margins_are_far_above_float_noise(toy_dirs, audio):
     feats, lens = extract_features_batch([torch.from_numpy(a) for a in audio], engine.feature_config)
     noise, leads = 0.0, []
     with torch.inference_mode():
-        hidden, out_lens = model.encode(feats, lens)
-        logits = model.classifier(hidden)
-        for row in range(len(audio)):
-            n = int(out_lens[row])
-            state, chunks = model.encoder.init_stream_state(1), []
-            for start in range(0, int(lens[row]), 6):
-                window = feats[row:row + 1, start:min(start + 6, int(lens[row]))]
-                h, _, state = model.encoder.forward_chunk_stateful(window, state)
-                chunks.append(h[0])
-            chunked = model.classifier(torch.cat(chunks))
-            noise = max(noise, float((chunked[:n] - logits[row, :n]).abs().max()))
-            top = logits[row, :n].topk(2, dim=-1).values
-            leads.append(top[:, 0] - top[:, 1])
+        for prompt in (0, 1):  # en (no language asked) and fr
+            hidden, out_lens = model.encode(feats, lens, torch.full((len(audio),), prompt))
+            logits = model.classifier(hidden)
+            for row in range(len(audio)):
+                n = int(out_lens[row])
+                state, chunks = model.encoder.init_stream_state(1), []
+                state["prompt"].fill_(prompt)
+                for start in range(0, int(lens[row]), 6):
+                    window = feats[row:row + 1, start:min(start + 6, int(lens[row]))]
+                    h, _, state = model.encoder.forward_chunk_stateful(window, state)
+                    chunks.append(h[0])
+                chunked = model.classifier(torch.cat(chunks))
+                noise = max(noise, float((chunked[:n] - logits[row, :n]).abs().max()))
+                top = logits[row, :n].topk(2, dim=-1).values
+                leads.append(top[:, 0] - top[:, 1])
     assert 0 < noise < 1e-4
     assert float(torch.cat(leads).min()) > 10 * noise
 
