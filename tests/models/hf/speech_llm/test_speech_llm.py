@@ -189,10 +189,16 @@ def test_batched_different_lengths_equal_one_at_a_time(ours64, speech):
                 DecodingOptions(max_new_tokens=STEPS, beam_size=2)]
     alone = [_engine(ours64, max_batch_size=1).transcribe_outputs(a, decoding=o) for a, o in zip(speech, requests,
                                                                                                  strict=True)]
-    for rows in (32, 3):  # every request at once; and continuous batching through 3 LM rows
+    # every request at once; continuous batching through 4 LM rows (the third request joins the first, mid-decode,
+    # when the second finishes); and through 3 (one request at a time)
+    for rows in (32, 4, 3):
         engine = _engine(ours64, max_batch_size=8, max_pad_ratio=100.0, decode_options={"max_active_rows": rows})
+        lm, merges = engine.strategy.lm, []
+        lm.merge = lambda a, b, _merge=type(lm).merge, _lm=lm: merges.append(1) or _merge(_lm, a, b)
         ids = [engine.add_request(a, decoding=o) for a, o in zip(speech, requests, strict=True)]
         outputs = {o.request_id: o for o in engine.run()}
+        assert (len(merges) > 0) == (rows == 4), "a request must join the running batch mid-decode exactly at 4 rows"
+        del lm.merge
         for rid, single in zip(ids, alone, strict=True):
             assert outputs[rid].tokens == single.tokens
 
