@@ -184,6 +184,16 @@ def test_a_custom_prompt_and_a_language_reach_the_model(ours64, hf64, hf_llm, sp
         engine.add_request(speech[0], decoding=DecodingOptions(language="xx"))
 
 
+def _counting_merge(lm, calls: list):
+    original = type(lm).merge
+
+    def merge(a, b):
+        calls.append(1)
+        return original(lm, a, b)
+
+    return merge
+
+
 def test_batched_different_lengths_equal_one_at_a_time(ours64, speech):
     requests = [DecodingOptions(max_new_tokens=STEPS), DecodingOptions(max_new_tokens=STEPS - 5, beam_size=3),
                 DecodingOptions(max_new_tokens=STEPS, beam_size=2)]
@@ -194,7 +204,7 @@ def test_batched_different_lengths_equal_one_at_a_time(ours64, speech):
     for rows in (32, 4, 3):
         engine = _engine(ours64, max_batch_size=8, max_pad_ratio=100.0, decode_options={"max_active_rows": rows})
         lm, merges = engine.strategy.lm, []
-        lm.merge = lambda a, b, _merge=type(lm).merge, _lm=lm: merges.append(1) or _merge(_lm, a, b)
+        lm.merge = _counting_merge(lm, merges)
         ids = [engine.add_request(a, decoding=o) for a, o in zip(speech, requests, strict=True)]
         outputs = {o.request_id: o for o in engine.run()}
         assert (len(merges) > 0) == (rows == 4), "a request must join the running batch mid-decode exactly at 4 rows"
