@@ -89,7 +89,7 @@ class ServerState:
         self.in_flight = 0
         self.uploading = 0
         self.sessions: set[Any] = set()
-        self.buffered_samples = 0
+        self.buffered_seconds = 0.0
         self.metrics = ServerMetrics(self._engine_snapshot)
         self._drain: asyncio.Task | None = None
 

@@ -39,6 +39,10 @@ class ServerSettings:
     shutdown_grace: float = attrs.field(default=30.0, validator=v.ge(0))
     #: the most audio one realtime buffer may hold before it is committed
     realtime_max_buffer_seconds: float = attrs.field(default=600.0, validator=v.gt(0))
+    #: uncommitted realtime audio held over all sessions at once (offline engines buffer until commit)
+    realtime_max_total_buffer_seconds: float = attrs.field(default=3600.0, validator=v.gt(0))
+    #: realtime sessions open at once; the next handshake gets 429
+    realtime_max_sessions: int = attrs.field(default=64, validator=v.ge(1))
     #: the largest WebSocket message accepted (OpenAI's limit for one append is 15 MiB of base64)
     realtime_max_message_bytes: int = attrs.field(default=16 * 1024 * 1024, validator=v.gt(0))
 
