@@ -28,6 +28,9 @@ from oasr.engine.options import DecodingOptions
 from oasr.errors import RequestError
 from oasr_models_hf.speech_llm.search import BeamSearch, GreedySearch
 
+#: rows whose feature lengths lie within this factor of a group's shortest share one tower pass
+PAD_RATIO = 1.25
+
 
 @attrs.define
 class LlmOptions:
@@ -152,14 +155,31 @@ class LlmDecodeStrategy(DecodeStrategy):
             if active:
                 logits = self.lm.step(state, torch.tensor(tokens, dtype=torch.long, device=self.ctx.device))
 
+    def encode(self, feats: torch.Tensor, feat_lens: torch.Tensor) -> list[torch.Tensor]:
+        """Each row's audio token embeddings (N_i, D).  The tower runs over the longest row of a group,
+        so rows are grouped by length (within :data:`PAD_RATIO` of the group's shortest row) and each
+        group runs alone: a 2 s request batched with a 9 s one would pay the 9 s tower."""
+        order = sorted(range(len(feat_lens)), key=lambda i: int(feat_lens[i]))
+        groups: list[list[int]] = []
+        for i in order:
+            if groups and int(feat_lens[i]) <= PAD_RATIO * max(1, int(feat_lens[groups[-1][0]])):
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        out: list[torch.Tensor | None] = [None] * len(order)
+        for group in groups:
+            index = torch.tensor(group, device=feats.device)
+            audio, counts = self.ctx.model.encode_offline(feats.index_select(0, index), feat_lens[group])
+            for r, i in enumerate(group):
+                out[i] = audio[r, : int(counts[r])]
+        return out  # type: ignore[return-value]
+
     def decode(self, batch: DecodeBatch) -> list[Hypothesis | BaseException]:
         t0 = time.perf_counter()
-        audio, counts = self.ctx.model.encode_offline(batch.feats, batch.feat_lens)
+        audio = self.encode(batch.feats, batch.feat_lens)
         t1 = time.perf_counter()
-        jobs = []
-        for i, options in enumerate(batch.options):
-            n = int(counts[i])
-            jobs.append(_Job(i, self.prompt_ids(n, options), audio[i, :n], self._search(options)))
+        jobs = [_Job(i, self.prompt_ids(len(a), options), a, self._search(options))
+                for i, (a, options) in enumerate(zip(audio, batch.options, strict=True))]
         self._run(jobs)
         results: list[Hypothesis | BaseException] = []
         for job in jobs:
