@@ -43,6 +43,11 @@ CAPABILITIES: dict[str, Capability] = {
         ("encode_offline", "predictor", "decoder"),
         "non-autoregressive decoding fires CIF tokens from the predictor and decodes them in one pass",
     ),
+    "sensevoice": Capability(
+        ("encode_offline", "queries", "ctc_log_probs"),
+        "query embeddings (language, event, emotion, text norm) are prepended to the features and the CTC head "
+        "emits the tags before the transcript",
+    ),
     "llm": Capability(
         ("encode_offline", "language_model.prefill", "language_model.step", "language_model.select"),
         "the audio embeddings are prefixed to a causal language model decoded incrementally",
