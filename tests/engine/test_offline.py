@@ -125,17 +125,34 @@ def test_unknown_decode_option_and_method_raise_at_construction(tinyctc_dir):
         Engine(EngineConfig(model=str(tinyctc_dir), architecture="no_such_arch"))
 
 
-def test_word_timestamps_nbest_and_beam(tinyctc_dir, inputs, reference):
-    engine = Engine(EngineConfig(model=str(tinyctc_dir)))
-    out = engine.transcribe_outputs(inputs[4], sample_rate=16000,
-                                    decoding=DecodingOptions(word_timestamps=True, beam_size=4, n_best=3))
+def test_word_timestamps_nbest_and_beam(fixtures_dir, tinyctc_dir, inputs):
+    """Beam search, n-best and word timings through the engine equal WeNet's own prefix beam search
+    (beam 10) on its fixture: the n-best texts, the best tokens, and each word's emission frame."""
+    import json
+
+    wenet = fixtures_dir / "wenet_u2pp"
+    expected = json.loads((wenet / "ref" / "results.json").read_text())["clips"]["clip0"]["offline"]
+    audio, rate = sf.read(fixtures_dir / "audio" / "clip0.wav", dtype="int16")
+    units = dict(line.split() for line in (wenet / "model" / "units.txt").read_text().splitlines())
+    symbols = {int(i): u for u, i in units.items()}
+    engine = Engine(EngineConfig(model=str(wenet / "model")))
+    out = engine.transcribe_outputs(audio.astype(np.float32) / 32768.0, sample_rate=rate,
+                                    decoding=DecodingOptions(word_timestamps=True, beam_size=10, n_best=3))
     assert out.finish_reason == "stop"
-    assert out.nbest is not None and 1 <= len(out.nbest) <= 3 and out.nbest[0] == out.text
-    assert out.words is not None
-    for w in out.words:
-        assert w.word in out.text and 0 <= w.start <= w.end <= out.duration + 0.1
+    assert out.tokens == expected["prefix_nbest"][0]
+    # WeNet detokenizes "▁" as a space and strips the ends
+    assert out.nbest == ["".join(symbols[t] for t in hyp).replace("▁", " ").strip()
+                         for hyp in expected["prefix_nbest"][:3]]
+    assert out.text == out.nbest[0]
+    # one word per token here (a character vocabulary); a token is emitted at its encoder frame (40 ms)
+    frame = 0.04
+    assert [(w.word, w.start) for w in out.words] == [
+        (symbols[t], pytest.approx(time * frame)) for t, time in
+        zip(expected["prefix_nbest"][0], expected["prefix_nbest_times"][0], strict=True)]
+    assert all(w.start <= w.end <= out.duration for w in out.words)
+    tiny = Engine(EngineConfig(model=str(tinyctc_dir)))
     with pytest.raises(RequestError, match="n_best=5 exceeds the beam size 4"):
-        engine.add_request(inputs[0], sample_rate=16000, decoding=DecodingOptions(beam_size=4, n_best=5))
+        tiny.add_request(inputs[0], sample_rate=16000, decoding=DecodingOptions(beam_size=4, n_best=5))
 
 
 def test_abort_and_queue_bound(tinyctc_dir, inputs):

@@ -75,5 +75,6 @@ def oasr_register_kernels(register) -> None:
     ``register(name, target)``: ``name`` is a kernel slot of the layer/decoding backend seam (for
     example ``"ctc_prefix_beam_search"``) and ``target`` a ``"module:function"`` string implementing
     it with the same signature and results as the reference.  Core uses a registered kernel
-    automatically unless ``OASR_KERNELS=0``.
+    automatically unless ``OASR_KERNELS=0``.  A slot name ending in ``@cuda`` (``"stft_mel@cuda"``)
+    registers the variant used when the data is on a CUDA device.
     """

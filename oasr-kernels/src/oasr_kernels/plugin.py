@@ -1,4 +1,8 @@
-"""Hook implementations of oasr-kernels (registers by string; numba is imported on first use)."""
+"""Hook implementations of oasr-kernels (registers by string; numba is imported on first use).
+
+A slot named ``name@cuda`` is the variant core uses when the tensor it works on is on a CUDA device
+(see :func:`oasr.layers._backend.kernel`).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,10 @@ from oasr.hookspecs import hookimpl
 
 @hookimpl
 def oasr_register_kernels(register) -> None:
-    """CTC prefix beam search: the batched offline search and the per-stream state."""
+    """CTC prefix beam search (numba, CPU); the GPU feature chain and searches (numba.cuda)."""
     register("ctc_prefix_beam_search", "oasr_kernels.ctc:ctc_prefix_beam_search")
     register("ctc_prefix_beam_state", "oasr_kernels.ctc:PrefixBeamState")
+    register("stft_mel@cuda", "oasr_kernels.cuda.features:stft_mel")
+    register("ctc_greedy_search@cuda", "oasr_kernels.cuda.ctc:ctc_greedy_search")
+    register("ctc_prefix_beam_search@cuda", "oasr_kernels.cuda.beam:ctc_prefix_beam_search")
+    register("transducer_greedy_search@cuda", "oasr_kernels.cuda.transducer:transducer_greedy_search")

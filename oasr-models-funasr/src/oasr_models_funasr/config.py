@@ -23,8 +23,11 @@ class SANMEncoderConfig:
     num_blocks: int = 50
     kernel_size: int = 11
     sanm_shfit: int = 0
-    #: SenseVoice's extra blocks after ``after_norm`` (0 for Paraformer)
+    #: SenseVoice's extra blocks after ``after_norm``, followed by ``tp_norm`` (Paraformer has neither)
     tp_blocks: int = 0
+    tp_norm: bool = False
+    #: LayerNorm epsilon: ESPnet's 1e-12 in Paraformer's SANM, PyTorch's 1e-5 in SenseVoice's
+    norm_eps: float = 1e-12
     #: CMVN (``am.mvn``) applied inside the encoder from ``cmvn_shift`` / ``cmvn_scale`` buffers
     cmvn: bool = True
 
@@ -92,3 +95,21 @@ class ParaformerConfig(BaseModelConfig):
                                     att_layer_num=2, kernel_size=5)
         predictor = CifPredictorConfig(idim=32, tail_threshold=0.45, upsample_times=3)
         return cls(vocab_size=12, encoder=encoder, decoder=decoder, predictor=predictor)
+
+
+@attrs.define(kw_only=True)
+class SenseVoiceConfig(BaseModelConfig):
+    """SenseVoice-Small: the SANM encoder (with ``tp_blocks``) under a CTC head, fed four query
+    embeddings (language, event, emotion, text normalization) before the features."""
+
+    vocab_size: int
+    encoder: SANMEncoderConfig
+    blank_id: int = 0
+    #: rows of the query embedding table (FunASR: 7 + 7 languages + 2 text-norm modes)
+    num_queries: int = 16
+
+    @classmethod
+    def tiny(cls) -> SenseVoiceConfig:
+        encoder = SANMEncoderConfig(input_size=40, output_size=32, attention_heads=2, linear_units=48, num_blocks=2,
+                                    tp_blocks=1, tp_norm=True, kernel_size=5, norm_eps=1e-5)
+        return cls(vocab_size=24, encoder=encoder)

@@ -239,3 +239,79 @@ class FunASRParaformerConverter(CheckpointConverter):
     def decoding_defaults(self, path: Path, config: ParaformerConfig) -> DecodingDefaults:
         return DecodingDefaults(decode_type="paraformer", blank_id=config.blank_id, sos_id=config.sos_id,
                                 eos_id=config.eos_id)
+
+
+# -- SenseVoice ----------------------------------------------------------------------------------
+SENSEVOICE_MODELS = ("SenseVoiceSmall",)
+SENSEVOICE_COMPONENTS: dict[str, tuple[str, ...]] = {
+    "encoder": ("SenseVoiceEncoderSmall",), "frontend": ("WavFrontend", "wav_frontend"),
+}
+SENSEVOICE_ENCODER_FIELDS = ENCODER_FIELDS + ("tp_blocks",)
+SENSEVOICE_ENCODER_IGNORED = ("stochastic_depth_rate",)
+#: SenseVoice's LayerNorm is torch's, with torch's default epsilon
+SENSEVOICE_NORM_EPS = 1e-5
+
+
+class FunASRSenseVoiceConverter(FunASRParaformerConverter):
+    """FunASR SenseVoice-Small directories (``config.yaml`` ``model: SenseVoiceSmall``, a SentencePiece
+    ``*.bpe.model``) → ``sensevoice``."""
+
+    architecture = "sensevoice"
+    expected_unused_prefixes = ()
+
+    def detect(self, path: Path) -> bool:
+        if not (Path(path) / CONFIG_FILE).is_file():
+            return False
+        try:
+            return read_config(Path(path)).get("model") in SENSEVOICE_MODELS
+        except CheckpointFormatError:
+            return False
+
+    def build_config(self, path: Path, state_dict: dict[str, torch.Tensor]):
+        from oasr_models_funasr.config import SenseVoiceConfig
+
+        conf = self._conf(path)
+        if conf.get("model") not in SENSEVOICE_MODELS:
+            raise _refuse(path, "model", conf.get("model"), f"this converter builds {', '.join(SENSEVOICE_MODELS)}")
+        for key, accepted in SENSEVOICE_COMPONENTS.items():
+            if conf.get(key) not in accepted:
+                raise _refuse(path, key, conf.get(key), f"SenseVoice is built with {key} {' / '.join(accepted)}")
+        encoder = _section(path, {"encoder_conf": {k: v for k, v in (conf.get("encoder_conf") or {}).items()
+                                                   if k not in SENSEVOICE_ENCODER_IGNORED}},
+                           "encoder", SENSEVOICE_ENCODER_FIELDS, ENCODER_ACCEPTED)
+        for key in ("ctc.ctc_lo.weight", "embed.weight"):
+            if key not in state_dict:
+                raise CheckpointFormatError(f"{path / CHECKPOINT_FILE} has no {key}", path=path)
+        model_conf = conf.get("model_conf") or {}
+        return SenseVoiceConfig(
+            vocab_size=int(state_dict["ctc.ctc_lo.weight"].shape[0]),
+            encoder=SANMEncoderConfig(input_size=int(state_dict[CMVN_KEYS[0]].numel()), tp_norm=True,
+                                      norm_eps=SENSEVOICE_NORM_EPS,
+                                      **{"output_size": 256, "num_blocks": 6, **encoder}),
+            blank_id=int(model_conf.get("blank_id", 0)),
+            num_queries=int(state_dict["embed.weight"].shape[0]),
+        )
+
+    def bpe_file(self, path: Path) -> Path:
+        declared = (self._conf(path).get("tokenizer_conf") or {}).get("bpemodel")
+        names = ([Path(str(declared)).name] if declared else []) + sorted(p.name for p in path.glob("*bpe.model"))
+        for name in names:
+            if (path / name).is_file():
+                return (path / name).resolve()
+        raise CheckpointFormatError(f"{path}: no SentencePiece model (tokenizer_conf.bpemodel or *.bpe.model)",
+                                    path=path)
+
+    def tokenizer_spec(self, path: Path, config) -> TokenizerSpec:
+        import sentencepiece
+
+        from oasr_models_funasr.sensevoice import TAG_CLASSES
+
+        model = self.bpe_file(path)
+        sp = sentencepiece.SentencePieceProcessor(model_file=str(model))
+        tags = {f"<|{name}|>" for names in TAG_CLASSES.values() for name in names}
+        tag_ids = {i for i in range(sp.get_piece_size()) if sp.id_to_piece(i) in tags}
+        return TokenizerSpec(kind="sentencepiece", files={"model": str(model)},
+                             special_ids=tuple(sorted({config.blank_id} | tag_ids)))
+
+    def decoding_defaults(self, path: Path, config) -> DecodingDefaults:
+        return DecodingDefaults(decode_type="sensevoice", blank_id=config.blank_id)

@@ -95,7 +95,7 @@ class ParaformerDecodeStrategy(DecodeStrategy):
         only when a request asks."""
         if self.ctx.model.config.has_timestamp_head:
             return True
-        return any(batch.options[r].word_timestamps or batch.options[r].timestamps for r in rows)
+        return any(batch.options[r].word_timestamps for r in rows)
 
     def _timing_alphas(self, out):
         """(alphas, peaks, frames per row, upsample rate) that FunASR's timestamp rules read."""
@@ -136,3 +136,93 @@ class ParaformerDecodeStrategy(DecodeStrategy):
             hyp.text = " ".join(words).strip()
         if options.word_timestamps and len(words) == len(times):
             hyp.words = [WordTiming(word, s / 1000.0, e / 1000.0) for word, (s, e) in zip(words, times, strict=True)]
+
+
+@attrs.define
+class SenseVoiceOptions:
+    #: inverse text normalization query (FunASR's ``use_itn``: ``withitn`` instead of ``woitn``)
+    use_itn: bool = False
+    #: audio longer than this many seconds is refused (the model attends over the whole utterance)
+    max_audio_seconds: float = attrs.field(default=MAX_AUDIO_SECONDS, validator=attrs.validators.gt(0))
+
+
+class SenseVoiceDecodeStrategy(DecodeStrategy):
+    """``sensevoice``: greedy CTC over SenseVoice's output (FunASR's ``SenseVoiceSmall.inference``).
+
+    ``DecodingOptions.language`` picks the language query (``auto`` when unset; a code FunASR does not
+    know is refused at admission).  The tags the model emits are taken out of the transcript: the
+    first language tag becomes ``RequestOutput.language``, the first emotion, event and text-norm tags
+    ``RequestOutput.tags`` (``{"emotion": "NEUTRAL", "event": "Speech", "text_norm": "woitn"}``).
+    """
+
+    family = "sensevoice"
+    requires = (
+        Requirement("encode_offline", "the language and text-norm queries are prepended to each row's features"),
+        Requirement("ctc_log_probs", "greedy CTC over the projection emits the tags, then the transcript"),
+    )
+    options_class = SenseVoiceOptions
+    supported_options = frozenset({"language", "timestamps"})
+
+    def __init__(self, ctx: DecodeContext, options: SenseVoiceOptions | None = None):
+        super().__init__(ctx, options)
+        from oasr_models_funasr.sensevoice import TAG_CLASSES
+
+        blank = ctx.decoding_defaults.blank_id
+        self.blank_id = int(blank if blank is not None else 0)
+        by_piece = {f"<|{name}|>": (cls, name) for cls, names in TAG_CLASSES.items() for name in names}
+        tokenizer = ctx.tokenizer
+        self.tag_of = {i: by_piece[tokenizer.id_to_piece(i)] for i in range(tokenizer.vocab_size)
+                       if tokenizer.id_to_piece(i) in by_piece}
+
+    def validate(self, options, request_id: str | None = None) -> None:
+        from oasr_models_funasr.sensevoice import LANGUAGE_QUERIES
+
+        super().validate(options, request_id)
+        if options.language is not None and options.language not in LANGUAGE_QUERIES:
+            raise RequestError(f"SenseVoice has no language query {options.language!r}; choose one of "
+                               f"{', '.join(LANGUAGE_QUERIES)}", request_id=request_id, param="language")
+
+    def decode(self, batch: DecodeBatch) -> list[Hypothesis | BaseException]:
+        from oasr_models_funasr.sensevoice import LANGUAGE_QUERIES, TEXT_NORM_QUERIES
+
+        limit = ParaformerDecodeStrategy.too_long
+        results: list[Hypothesis | BaseException | None] = [None] * len(batch)
+        rows = []
+        for i, (rid, wave) in enumerate(zip(batch.request_ids, batch.waveforms, strict=True)):
+            error = limit(self, rid, wave.numel() / self.ctx.sample_rate)
+            if error is not None:
+                results[i] = error
+            else:
+                rows.append(i)
+        if not rows:
+            return results  # type: ignore[return-value]
+        device = self.ctx.device
+        index = torch.tensor(rows)
+        languages = torch.tensor([LANGUAGE_QUERIES[batch.options[r].language or "auto"] for r in rows], device=device)
+        norm = TEXT_NORM_QUERIES["withitn" if self.options.use_itn else "woitn"]
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            model = self.ctx.model
+            hidden, lens = model.encode_offline(batch.feats.index_select(0, index).to(device),
+                                                batch.feat_lens.index_select(0, index).to(device), languages, norm)
+            log_probs = model.ctc_log_probs(hidden).cpu()
+        t1 = time.perf_counter()
+        for k, row in enumerate(rows):
+            results[row] = self._hypothesis(log_probs[k, :int(lens[k])])
+        batch.timings["encoder"] = t1 - t0
+        batch.timings["decode"] = time.perf_counter() - t1
+        return results  # type: ignore[return-value]
+
+    def _hypothesis(self, log_probs: torch.Tensor) -> Hypothesis:
+        best, path = log_probs.max(-1)
+        ids = torch.unique_consecutive(path).tolist()
+        ids = [t for t in ids if t != self.blank_id]
+        tags: dict[str, str] = {}
+        for t in ids:
+            if t in self.tag_of:
+                cls, name = self.tag_of[t]
+                tags.setdefault(cls, name)
+        tokens = [t for t in ids if t not in self.tag_of]
+        language = tags.pop("language", None)
+        return Hypothesis(tokens=tokens, score=float(best.sum()), language=language, tags=tags or None,
+                          confidence=math.exp(float(best.mean())) if best.numel() else None)

@@ -1,6 +1,7 @@
 """FunASR's SANM encoder: self-attention with an FSMN memory block, over LFR features.
 
-Per block (pre-norm, LayerNorm eps 1e-12 — ESPnet's convention; PyTorch's 1e-5 breaks parity):
+Per block (pre-norm, LayerNorm eps 1e-12 — ESPnet's convention, where PyTorch's 1e-5 breaks parity;
+SenseVoice's copy of the encoder does use 1e-5):
 ``x + attn(norm1(x)) + fsmn(v)`` then ``x + ffn(norm2(x))``, where the FSMN memory is a depthwise
 convolution over the (masked) value projection plus that value.  The first block maps the LFR input
 width (560) to ``output_size`` and so has no residual around its attention.  Before the blocks the
@@ -77,8 +78,8 @@ class SANMEncoderLayer(nn.Module):
         self.residual_attention = in_size == size
         self.self_attn = SANMAttention(in_size, size, config.attention_heads, config.kernel_size, config.sanm_shfit)
         self.feed_forward = layers.FeedForward(size, config.linear_units, "relu", names=("w_1", "w_2"))
-        self.norm1 = layers.LayerNorm(in_size, eps=NORM_EPS)
-        self.norm2 = layers.LayerNorm(size, eps=NORM_EPS)
+        self.norm1 = layers.LayerNorm(in_size, eps=config.norm_eps)
+        self.norm2 = layers.LayerNorm(size, eps=config.norm_eps)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         attended = self.self_attn(self.norm1(x), mask, lengths)
@@ -105,10 +106,9 @@ class SANMEncoder(BaseEncoder):
             self.register_buffer("cmvn_scale", torch.ones(config.input_size))
         self.encoders0 = nn.ModuleList([SANMEncoderLayer(config.input_size, d, config)])
         self.encoders = nn.ModuleList([SANMEncoderLayer(d, d, config) for _ in range(config.num_blocks - 1)])
-        self.after_norm = layers.LayerNorm(d, eps=NORM_EPS)
-        if config.tp_blocks > 0:
-            self.tp_encoders = nn.ModuleList([SANMEncoderLayer(d, d, config) for _ in range(config.tp_blocks)])
-            self.tp_norm = layers.LayerNorm(d, eps=NORM_EPS)
+        self.after_norm = layers.LayerNorm(d, eps=config.norm_eps)
+        self.tp_encoders = nn.ModuleList([SANMEncoderLayer(d, d, config) for _ in range(config.tp_blocks)])
+        self.tp_norm = layers.LayerNorm(d, eps=config.norm_eps) if config.tp_norm else None
 
     @property
     def output_size(self) -> int:
@@ -139,12 +139,13 @@ class SANMEncoder(BaseEncoder):
         for layer in self.encoders:
             x = layer(x, mask, lengths)
         x = self.after_norm(x)
-        if self.config.tp_blocks > 0:
-            for layer in self.tp_encoders:
-                x = layer(x, mask, lengths)
+        for layer in self.tp_encoders:
+            x = layer(x, mask, lengths)
+        if self.tp_norm is not None:
             x = self.tp_norm(x)
         return x, lengths
 
     @staticmethod
     def _prepend(prefix: torch.Tensor, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """``prefix`` rows, then each row's own frames: padded rows stay contiguous from frame 0."""
         return torch.cat([prefix.to(x.dtype), x], dim=1)

@@ -24,6 +24,13 @@ def oasr_register_models(register) -> None:
         converter="oasr_models_hf.lasr.convert:LasrConverter",
         description="Google MedASR (Hugging Face lasr_ctc): Conformer-CTC with RoPE and scaled residuals",
     )
+    register(
+        "speech_llm",
+        model="oasr_models_hf.speech_llm.model:SpeechLlmModel",
+        config="oasr_models_hf.speech_llm.config:SpeechLlmConfig",
+        converter="oasr_models_hf.speech_llm.convert:Qwen2AudioConverter",
+        description="Qwen2-Audio (Hugging Face qwen2_audio): audio tower + Qwen2 LM, llm decoding (greedy, beam)",
+    )
 
 
 @hookimpl
@@ -39,6 +46,7 @@ def oasr_register_aliases(register) -> None:
 @hookimpl
 def oasr_register_decoders(register) -> None:
     register("aed", "oasr_models_hf.whisper.decode:AedDecodeStrategy")
+    register("llm", "oasr_models_hf.speech_llm.decode:LlmDecodeStrategy")
 
 
 @hookimpl

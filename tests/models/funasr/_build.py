@@ -109,3 +109,82 @@ def build_funasr_dir(out: Path, conf: dict, seed: int = 0) -> Path:
     (out / "tokens.json").write_text(json.dumps(TOKENS, ensure_ascii=False))
     write_am_mvn(out / "am.mvn", conf["input_size"], generator)
     return out
+
+
+#: SenseVoice's tag pieces (user-defined symbols of its SentencePiece model)
+SENSEVOICE_TAGS = (["<|zh|>", "<|en|>", "<|yue|>", "<|ja|>", "<|ko|>", "<|nospeech|>"]
+                   + ["<|HAPPY|>", "<|SAD|>", "<|ANGRY|>", "<|NEUTRAL|>", "<|FEARFUL|>", "<|DISGUSTED|>",
+                      "<|SURPRISED|>", "<|EMO_UNKNOWN|>"]
+                   + ["<|BGM|>", "<|Speech|>", "<|Applause|>", "<|Laughter|>", "<|Event_UNK|>"]
+                   + ["<|withitn|>", "<|woitn|>"])
+BPE_NAME = "chn_jpn_yue_eng_ko_spectok.bpe.model"
+BPE_TEXT = ("the quick brown fox jumps over the lazy dog she sells sea shells by the sea shore a journey of a "
+            "thousand miles begins with a single step please call me back when you get this message "
+            "the weather today is sunny with a light breeze ever tried ever failed no matter try again").split()
+
+SENSEVOICE_SHAPES = {
+    "small": dict(d=32, heads=2, ffn=64, enc=2, tp=1, kernel=11),
+    "deep": dict(d=48, heads=4, ffn=96, enc=3, tp=2, kernel=5),
+}
+
+
+def write_bpe(path: Path) -> int:
+    """A small SentencePiece BPE model with SenseVoice's tag pieces; returns its size."""
+    import io
+
+    import sentencepiece
+
+    out = io.BytesIO()
+    lines = [" ".join(BPE_TEXT[i:i + 9]) for i in range(0, len(BPE_TEXT), 3)]
+    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(lines * 20), model_writer=out, vocab_size=120,
+                                             model_type="bpe", user_defined_symbols=SENSEVOICE_TAGS,
+                                             character_coverage=1.0, bos_id=-1, eos_id=-1, unk_id=0)
+    path.write_bytes(out.getvalue())
+    return sentencepiece.SentencePieceProcessor(model_file=str(path)).get_piece_size()
+
+
+def sensevoice_conf(shape: dict, vocab: int) -> dict:
+    return {
+        "model": "SenseVoiceSmall",
+        "model_conf": {"length_normalized_loss": True, "sos": 1, "eos": 2, "ignore_id": -1},
+        "encoder": "SenseVoiceEncoderSmall",
+        "encoder_conf": {"output_size": shape["d"], "attention_heads": shape["heads"], "linear_units": shape["ffn"],
+                         "num_blocks": shape["enc"], "tp_blocks": shape["tp"], "dropout_rate": 0.1,
+                         "positional_dropout_rate": 0.1, "attention_dropout_rate": 0.1, "input_layer": "pe",
+                         "pos_enc_class": "SinusoidalPositionEncoder", "normalize_before": True,
+                         "kernel_size": shape["kernel"], "sanm_shfit": 0, "selfattention_layer_type": "sanm"},
+        "ctc_conf": {"dropout_rate": 0.0, "ctc_type": "builtin", "reduce": True, "ignore_nan_grad": True},
+        "frontend": "WavFrontend",
+        "frontend_conf": dict(FRONTEND),
+        "tokenizer": "SentencepiecesTokenizer",
+        "tokenizer_conf": {"bpemodel": BPE_NAME, "unk_symbol": "<unk>", "split_with_space": True},
+        "input_size": 560,
+        "vocab_size": vocab,
+    }
+
+
+def build_sensevoice_dir(out: Path, shape: dict, seed: int = 0) -> Path:
+    from funasr.register import tables
+
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = write_bpe(out / BPE_NAME)
+    conf = sensevoice_conf(shape, vocab)
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
+    kwargs = copy.deepcopy(conf)
+    name = kwargs.pop("model")
+    for key in ("frontend", "frontend_conf", "tokenizer", "tokenizer_conf"):
+        kwargs.pop(key, None)
+    model_conf = kwargs.pop("model_conf", {})
+    model = tables.model_classes[name](**{**model_conf, **kwargs})
+    widen(model, generator, std=0.1)
+    with torch.no_grad():  # make the CTC head prefer non-blank tokens somewhere
+        model.ctc.ctc_lo.bias[0] -= 2.0
+    torch.save(model.state_dict(), out / "model.pt")
+    (out / "config.yaml").write_text(yaml.safe_dump(conf, allow_unicode=True, sort_keys=False))
+    (out / "configuration.json").write_text(json.dumps(
+        {"framework": "pytorch", "task": "auto-speech-recognition", "model": {"type": "funasr"},
+         "file_path_metas": {"init_param": "model.pt", "config": "config.yaml",
+                             "tokenizer_conf": {"bpemodel": BPE_NAME}, "frontend_conf": {"cmvn_file": "am.mvn"}}}))
+    write_am_mvn(out / "am.mvn", conf["input_size"], generator)
+    return out

@@ -46,3 +46,14 @@ def clips(tmp_path_factory) -> list[tuple[str, object]]:
     out = tmp_path_factory.mktemp("espeak")
     speech = [(f"espeak{i}", h.espeak(text, out / f"s{i}.wav")) for i, text in enumerate(h.SENTENCES)]
     return speech + [("sample", h.read_wav(h.SAMPLE))]
+
+
+@pytest.fixture(scope="session")
+def sensevoice_dirs(funasr_root) -> dict[str, Path]:
+    return {shape: b.build_sensevoice_dir(funasr_root / f"SenseVoiceSmall-{shape}", dims, seed=10 + i)
+            for i, (shape, dims) in enumerate(b.SENSEVOICE_SHAPES.items())}
+
+
+@pytest.fixture(scope="session")
+def sensevoice_refs(sensevoice_dirs):
+    return {shape: h.reference(path) for shape, path in sensevoice_dirs.items()}

@@ -31,7 +31,8 @@ Log-probs are float32 (other dtypes are converted) and must not be NaN; -inf is 
 
 When ``oasr-kernels`` is installed, its numba kernels (slots ``ctc_prefix_beam_search`` and
 ``ctc_prefix_beam_state``) run the prefix beam search with identical results; ``OASR_KERNELS=0``
-forces this module's reference code.
+forces this module's reference code.  Log-probs on a CUDA device go to the slots' ``@cuda`` variants
+(searched on the device) when registered, else to the host.
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ def log_add(a: float, b: float) -> float:
 # -- greedy -------------------------------------------------------------------------------------------
 def ctc_greedy_search(log_probs: torch.Tensor, lengths: torch.Tensor | Sequence[int], blank: int = 0) -> list[Hypothesis]:
     """Best path per row of ``log_probs`` (B, T, V), frames past ``lengths`` ignored."""
+    fast = _device_kernel("ctc_greedy_search", log_probs)
+    if fast is not None:
+        return fast(log_probs, lengths, blank)
     log_probs, lengths = _check_batch(log_probs, lengths, blank)
     best, ids = log_probs.max(dim=-1)
     best = best.double().numpy()
@@ -100,6 +104,10 @@ def ctc_prefix_beam_search(
     context: ContextGraph | None = None,
 ) -> list[list[Hypothesis]]:
     """The ``n_best`` (default: ``beam_size``) best label sequences of each row, best first."""
+    fast = _device_kernel("ctc_prefix_beam_search", log_probs)
+    if fast is not None:
+        return fast(log_probs, lengths, beam_size=beam_size, n_best=n_best, blank=blank,
+                    blank_skip_threshold=blank_skip_threshold, context=context)
     log_probs, lengths = _check_batch(log_probs, lengths, blank)
     _check_search(beam_size, n_best, blank_skip_threshold)
     fast = kernel("ctc_prefix_beam_search")
@@ -300,6 +308,13 @@ class ReferencePrefixBeam:
 
 
 # -- argument checks ----------------------------------------------------------------------------------
+def _device_kernel(name: str, log_probs: Any):
+    """The device variant of kernel slot ``name`` for log-probs that live on an accelerator, or None."""
+    if isinstance(log_probs, torch.Tensor) and log_probs.device.type != "cpu":
+        return kernel(name, log_probs.device)
+    return None
+
+
 def _check_batch(log_probs: Any, lengths: Any, blank: int) -> tuple[torch.Tensor, np.ndarray]:
     if isinstance(log_probs, np.ndarray):
         log_probs = torch.from_numpy(log_probs)

@@ -53,3 +53,5 @@ class Hypothesis:
     language: str | None = None
     confidence: float | None = None
     nbest: list[Hypothesis] | None = None
+    #: labels of the whole utterance beside its language (see ``RequestOutput.tags``)
+    tags: dict[str, str] | None = None

@@ -38,6 +38,10 @@ from oasr.models.loading import load_pretrained
 
 logger = logging.getLogger("oasr.engine")
 
+class BatchCancelled(Exception):
+    """Raised inside a forward when every request of the running batch has been aborted."""
+
+
 def default_model() -> str:
     """The alias a model family marked as the default (the embedded model)."""
     aliases = [a for a in plugins.registry("aliases") if a.meta.get("default")]
@@ -112,6 +116,9 @@ class Engine:
         self._requests: dict[str, Request] = {}
         self._seq = itertools.count()
         self._closed = False
+        # cooperative cancellation: every module call of the running batch checks whether anyone still waits
+        self._running: Sequence[Request] = ()
+        self._cancel_hooks = [m.register_forward_pre_hook(self._check_cancelled) for m in self.model.modules()]
         self._streaming = None
         if config.service_mode == "streaming":
             from oasr.engine.streaming import StreamingExecutor
@@ -244,7 +251,11 @@ class Engine:
                 batch: list[Request] = self.scheduler.schedule(flush=flush)
             if not batch:
                 return []
-            results = self._decode_isolated(batch)
+            self._running = batch
+            try:
+                results = self._decode_isolated(batch)
+            finally:
+                self._running = ()
             outputs = []
             with self._lock:
                 for request, result in zip(batch, results):
@@ -280,10 +291,19 @@ class Engine:
         self.metrics.on_timings(batch.timings)
         return results
 
+    def _check_cancelled(self, module: Any, args: Any) -> None:
+        """A forward pre-hook: leave the running batch at its next module once all its requests are aborted
+        (rows of a partly aborted batch run on; aborted ones are dropped when the batch ends)."""
+        running = self._running
+        if running and all(_abandoned(r) for r in running):
+            raise BatchCancelled(f"all {len(running)} request(s) of the running batch were aborted")
+
     def _decode_isolated(self, requests: Sequence[Request]) -> list[Hypothesis | BaseException]:
         """Decode a batch; if the batch as a whole fails, decode each request alone to isolate it."""
         try:
             return self._decode(requests)
+        except BatchCancelled as exc:
+            return [exc] * len(requests)
         except Exception as exc:  # one bad row must not fail the others
             if len(requests) == 1:
                 return [exc]
@@ -403,3 +423,9 @@ class Engine:
 
 
 ASREngine = Engine
+
+
+def _abandoned(request: Request) -> bool:
+    """Nobody waits for ``request`` any more (it, or the long-form request it is a piece of, was aborted)."""
+    parent = getattr(request, "parent", None)
+    return request.done.is_set() or (parent is not None and parent.done.is_set())

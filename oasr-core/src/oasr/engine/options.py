@@ -122,3 +122,6 @@ class RequestOutput:
     #: seconds of audio this request carried
     duration: float | None = None
     nbest: list[str] | None = None
+    #: labels a model predicts for the whole utterance beside its language, by kind (SenseVoice:
+    #: ``{"emotion": "NEUTRAL", "event": "Speech", "text_norm": "woitn"}``); None when it predicts none
+    tags: dict[str, str] | None = None

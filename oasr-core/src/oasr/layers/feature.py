@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from oasr.errors import ConfigError
+from oasr.layers._backend import kernel
 
 #: Kaldi's floor on mel energies and on the frame energy: float32 machine epsilon.
 FLT_EPSILON = float(torch.finfo(torch.float32).eps)
@@ -312,6 +313,12 @@ def stft_mel(
     """
     if log not in _LOGS:
         raise ValueError(f"log must be one of {', '.join(_LOGS)}, got {log!r}")
+    fast = kernel("stft_mel", source.device) if source.device.type != "cpu" else None
+    if fast is not None:  # a device variant (oasr-kernels' stft_mel@cuda): same contract, fused kernels
+        return fast(source, counts, out, span=span, hop=hop, n_fft=n_fft, window=window, mel_weight=mel_weight,
+                    mel_blocks=mel_blocks, num_mels=num_mels, log=log, log_eps=log_eps, remove_dc=remove_dc,
+                    preemphasis=preemphasis, cepstra=cepstra, num_ceps=num_ceps, column=column, energy=energy,
+                    energy_floor=energy_floor, noise=noise)
     if source.stride(1) != 1:
         source = source.contiguous()
     width, row_stride, base = source.shape[1], source.stride(0), source.storage_offset()

@@ -14,9 +14,11 @@ Routes:
 - ``GET /health`` (the process answers), ``GET /ready`` (engine loaded, loop thread stepping, not
   draining), ``GET /metrics`` (Prometheus text, :mod:`oasr.serve.metrics`).
 
-Admission order for an audio request: API key (401), readiness (503), concurrency slot (429), body
-size while reading (413), fields (400), model name (404), audio decoding and model options at engine
-admission (415 / 400).  Errors use OpenAI's shape (:mod:`oasr.serve.errors`).  A client that goes
+Admission order for an audio request: API key (401), readiness (503), an upload slot (429, at most
+``max_pending_uploads`` bodies being received), the body within ``body_timeout`` (408) and its size while
+reading (413), fields (400), model name (404), then a concurrency slot (429: taken only once the body has
+arrived, so slow uploads never hold one), audio decoding and model options at engine admission
+(415 / 400).  Errors use OpenAI's shape (:mod:`oasr.serve.errors`).  A client that goes
 away frees its request: the wait watches for the disconnect and aborts the engine request.
 """
 
@@ -85,7 +87,11 @@ class ServerState:
         self.model_names: tuple[str, ...] = settings.served_model_names or (served_name(self.config.model),)
         self.created = int(time.time())
         self.in_flight = 0
+        self.uploading = 0
+        self.sessions: set[Any] = set()
+        self.buffered_seconds = 0.0
         self.metrics = ServerMetrics(self._engine_snapshot)
+        self._drain: asyncio.Task | None = None
 
     def _engine_snapshot(self) -> dict[str, Any] | None:
         return self.engine.metrics_snapshot() if self.engine is not None else None
@@ -104,6 +110,20 @@ class ServerState:
             self.load_error = f"{type(exc).__name__}: {exc}"
             return
         self.start_runner()
+
+    async def drain(self) -> None:
+        """Refuse new work, give in-flight requests ``shutdown_grace`` seconds, then end every one with its
+        documented error shape while its connection is still open.  Idempotent."""
+        if self._drain is None:
+            self._drain = asyncio.ensure_future(self._drain_once())
+        await asyncio.shield(self._drain)
+
+    async def _drain_once(self) -> None:
+        if self.runner is not None:
+            await self.runner.drain(self.settings.shutdown_grace)
+        for session in list(self.sessions):
+            await session.shutdown()
+        await asyncio.sleep(0.05)  # let the handlers woken by the aborts write their responses
 
     # -- per request -----------------------------------------------------------------------------------
     def authorize(self, headers: Any, *, token: str | None = None) -> None:
@@ -134,6 +154,24 @@ class ServerState:
         if model is not None and model not in self.model_names:
             raise ApiError(404, f"the model {model!r} does not exist on this server; it serves: "
                                 f"{', '.join(self.model_names)}", param="model", code="model_not_found")
+
+    async def read_upload(self, request: Request, task: str) -> AudioRequest:
+        """The request's form, within the upload bound and the body deadline (429 / 408 / 413 / 400)."""
+        settings = self.settings
+        if self.uploading >= settings.max_pending_uploads:
+            raise ApiError(429, f"the server is receiving {settings.max_pending_uploads} uploads already "
+                                f"(--max-pending-uploads); retry later", type="rate_limit_error",
+                           code="rate_limit_exceeded", headers={"Retry-After": "1"})
+        self.uploading += 1
+        try:
+            async with asyncio.timeout(settings.body_timeout):
+                return await read_audio_request(request, task=task, max_upload_bytes=settings.max_upload_bytes,
+                                                max_body_bytes=settings.max_body_bytes)
+        except TimeoutError:
+            raise ApiError(408, f"the request body did not arrive within {settings.body_timeout:g} s "
+                                f"(--body-timeout)", code="request_timeout", headers={"Connection": "close"}) from None
+        finally:
+            self.uploading -= 1
 
     def acquire(self) -> Callable[[], None]:
         """Take a concurrency slot (429 when none is free); returns its idempotent release."""
@@ -229,11 +267,11 @@ async def _audio_endpoint(request: Request, task: str) -> Response:
     try:
         state.authorize(request.headers)
         runner = state.require_runner()
+        req = await state.read_upload(request, task)
+        state.check_model(req.model)
+        runner = state.require_runner()
         release = state.acquire()
         settings = state.settings
-        req = await read_audio_request(request, task=task, max_upload_bytes=settings.max_upload_bytes,
-                                       max_body_bytes=settings.max_body_bytes)
-        state.check_model(req.model)
         try:
             decoding = state.decoding_for(req)
             handle = await runner.submit(req.audio, decoding=decoding)
@@ -394,8 +432,7 @@ def create_app(engine: Engine | EngineConfig, settings: ServerSettings | None = 
         finally:
             if loading is not None and not loading.done():
                 await asyncio.wait({loading}, timeout=state.settings.shutdown_grace)
-            if state.runner is not None:
-                await state.runner.drain(state.settings.shutdown_grace)
+            await state.drain()
 
     app = FastAPI(title="OASR", summary="OpenAI-compatible speech recognition", lifespan=lifespan,
                   docs_url=None, redoc_url=None)

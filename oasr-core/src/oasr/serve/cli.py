@@ -31,6 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--max-audio-seconds", type=float, default=None, help="refuse longer audio (400)")
     server.add_argument("--max-concurrency", type=int, default=64,
                         help="requests in flight at once; more get 429 (there is no unbounded queue)")
+    server.add_argument("--max-pending-uploads", type=int, default=128,
+                        help="request bodies received at once; more get 429 (a concurrency slot is taken only "
+                             "once the body has arrived)")
+    server.add_argument("--body-timeout", type=float, default=120.0,
+                        help="seconds a request body may take to arrive (408 after)")
+    server.add_argument("--header-timeout", type=float, default=10.0,
+                        help="seconds a connection may take to send a complete request head (closed after)")
     server.add_argument("--request-timeout", type=float, default=600.0, help="abort a request after this many seconds")
     server.add_argument("--shutdown-grace", type=float, default=30.0,
                         help="seconds in-flight requests get to finish on shutdown")
@@ -96,17 +103,18 @@ def build_configs(args: argparse.Namespace):
         settings = ServerSettings(
             served_model_names=tuple(args.served_model_name or ()), api_key=args.api_key or None,
             max_upload_bytes=int(args.max_upload_mb * 2**20), max_concurrency=args.max_concurrency,
-            request_timeout=args.request_timeout, shutdown_grace=args.shutdown_grace)
+            request_timeout=args.request_timeout, shutdown_grace=args.shutdown_grace,
+            max_pending_uploads=args.max_pending_uploads, body_timeout=args.body_timeout,
+            header_timeout=args.header_timeout)
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"invalid server option: {exc}") from None
     return config, settings
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from oasr.engine import Engine
     from oasr.serve.app import create_app
+    from oasr.serve.server import OasrServer, uvicorn_config
 
     config, settings = build_configs(args)
     engine = Engine(config)
@@ -114,8 +122,7 @@ def run(args: argparse.Namespace) -> int:
     names = ", ".join(app.state.oasr.model_names)
     print(f"oasr: serving {names} ({engine.loaded.architecture}, {engine.decode_method}, {config.service_mode}) "
           f"on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
-    server = uvicorn.Server(uvicorn.Config(
-        app, host=args.host, port=args.port, log_level=args.log_level, access_log=not args.no_access_log,
-        timeout_graceful_shutdown=settings.shutdown_grace, ws_max_size=settings.realtime_max_message_bytes))
+    server = OasrServer(uvicorn_config(app, settings, host=args.host, port=args.port, log_level=args.log_level,
+                                       access_log=not args.no_access_log))
     server.run()
     return 0

@@ -9,10 +9,13 @@ status type                    when
                                model cannot honour (``param`` names the field)
 401    invalid_request_error   missing or wrong API key (``code`` = ``invalid_api_key``)
 404    invalid_request_error   a ``model`` that is not a served model name (``code`` = ``model_not_found``)
+408    invalid_request_error   the request body did not arrive within ``--body-timeout`` (``code`` =
+                               ``request_timeout``; the connection is closed)
 413    invalid_request_error   the upload is larger than ``--max-upload-mb`` (``code`` = ``file_too_large``)
 415    invalid_request_error   audio that cannot be decoded or is unusable: oasr.errors.AudioError
                                (``code`` = ``invalid_audio``)
-429    rate_limit_error        ``--max-concurrency`` requests are already in flight
+429    rate_limit_error        ``--max-concurrency`` requests are already in flight, or
+                               ``--max-pending-uploads`` bodies are being received
 503    server_error            the server is starting, draining for shutdown, or the engine failed
 500    server_error            a bug: anything not listed above
 ====== ======================= ===========================================================================

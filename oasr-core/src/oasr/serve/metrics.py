@@ -23,7 +23,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-OUTCOMES = {200: "success", 400: "bad_request", 401: "unauthorized", 404: "not_found", 413: "too_large",
+OUTCOMES = {200: "success", 400: "bad_request", 401: "unauthorized", 404: "not_found", 408: "timeout",
+            413: "too_large",
             415: "unsupported_media", 429: "rate_limited", 503: "unavailable", 500: "error"}
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)

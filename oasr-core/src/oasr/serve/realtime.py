@@ -18,9 +18,16 @@ A natively streaming engine (``service_mode="streaming"``) gets each item as an 
 first append opens it, every append feeds it, and partial results become delta events while audio
 is still arriving (they carry the item id that ``input_audio_buffer.committed`` announces later);
 commit ends the stream and its final result is the completed event.  An offline engine accumulates
-the appended audio (up to ``realtime_max_buffer_seconds``) and transcribes it at commit.  The engine
+the appended audio as PCM16 (up to ``realtime_max_buffer_seconds`` per item, and
+``realtime_max_total_buffer_seconds`` over all sessions) and transcribes it at commit.  The engine
 resamples 24 kHz input to the model's rate.  There is no server VAD: ``turn_detection`` must be
 null and the client commits.  Every item in transcription holds one concurrency slot.
+
+A malformed event (invalid JSON, nesting too deep, an integer too long to parse, a string that is not
+valid Unicode, an unexpected failure while handling it) is answered with an ``error`` event and the
+session stays open; every string the server echoes is encoded safely.  At most
+``realtime_max_sessions`` sessions are open at once (the next handshake gets 429).  On shutdown an item
+still buffering gets an ``error`` event and one in transcription its ``failed`` event before the close.
 
 Authentication, when the server has an API key: ``Authorization: Bearer <key>`` or the subprotocol
 ``openai-insecure-api-key.<key>``; a bad key or an unknown ``?model=`` refuses the handshake (401 /
@@ -56,6 +63,8 @@ RATES = (24000, 16000)
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
 ENDPOINT = "realtime"
 TRANSCRIPTION_KEYS = ("model", "language", "prompt")
+#: on shutdown, how long items in transcription get to send their final event
+SHUTDOWN_FLUSH_SECONDS = 1.0
 
 
 class EventError(Exception):
@@ -70,6 +79,20 @@ def _event_id() -> str:
     return f"event_{uuid.uuid4().hex[:20]}"
 
 
+def _encodable(value: Any) -> bool:
+    """A string that can be sent as UTF-8 (no lone surrogates)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _dumps(payload: dict[str, Any]) -> str:
+    text = json.dumps(payload, ensure_ascii=False)
+    return text if _encodable(text) else json.dumps(payload, ensure_ascii=True)  # escapes lone surrogates
+
+
 @attrs.define(eq=False)
 class _Item:
     """One input audio item: the buffer being appended to, then its transcription."""
@@ -77,8 +100,10 @@ class _Item:
     item_id: str
     rate: int
     decoding: DecodingOptions
-    chunks: list[np.ndarray] = attrs.field(factory=list)
+    chunks: list[np.ndarray] = attrs.field(factory=list)  # int16 PCM, offline engines only
     samples: int = 0
+    #: seconds of ``chunks`` counted in the server-wide realtime buffer total
+    buffered: float = 0.0
     first_append: float = attrs.field(factory=time.perf_counter)
     handle: RequestHandle | None = None
     task: asyncio.Task | None = None
@@ -108,7 +133,7 @@ class RealtimeSession:
     async def send(self, type: str, **fields: Any) -> None:
         if not self._open:
             return
-        payload = json.dumps({"type": type, "event_id": _event_id(), **fields}, ensure_ascii=False)
+        payload = _dumps({"type": type, "event_id": _event_id(), **fields})
         try:
             async with self._send_lock:
                 await self.ws.send_text(payload)
@@ -144,15 +169,21 @@ class RealtimeSession:
                     raise EventError("binary frames are not supported; send JSON text events", code="invalid_event")
                 try:
                     event = json.loads(message["text"])
-                except json.JSONDecodeError as exc:
-                    raise EventError(f"the event is not valid JSON: {exc}", code="invalid_json") from None
+                except (ValueError, RecursionError) as exc:  # JSONDecodeError, too many digits, too deep
+                    raise EventError(f"the event is not valid JSON: {type(exc).__name__}: {str(exc)[:200]}",
+                                     code="invalid_json") from None
                 if not isinstance(event, dict) or not isinstance(event.get("type"), str):
                     raise EventError("an event must be a JSON object with a string 'type'", code="invalid_event",
                                      param="type")
                 event_id = event.get("event_id")
+                event_id = event_id[:512] if isinstance(event_id, str) else None
                 await self.handle(event)
             except EventError as err:
                 await self.send_error(err, event_id)
+            except Exception as exc:  # a bug while handling one event must not end the session
+                logger.exception("realtime event handling failed")
+                await self.send_error(EventError(f"internal error while handling the event: {type(exc).__name__}",
+                                                 code="server_error", type="server_error"), event_id)
 
     async def handle(self, event: dict[str, Any]) -> None:
         kind = event["type"]
@@ -198,8 +229,9 @@ class RealtimeSession:
             raise EventError(f"unsupported key(s) {', '.join(unknown)} in '{param}'; supported: "
                              f"{', '.join(TRANSCRIPTION_KEYS)}", code="unknown_parameter", param=f"{param}.{unknown[0]}")
         for key, item in config.items():
-            if item is not None and not isinstance(item, str):
-                raise EventError(f"'{param}.{key}' must be a string", code="invalid_value", param=f"{param}.{key}")
+            if item is not None and not (isinstance(item, str) and _encodable(item)):
+                raise EventError(f"'{param}.{key}' must be a string of valid Unicode text", code="invalid_value",
+                                 param=f"{param}.{key}")
         model = config.get("model")
         if model and model not in self.state.model_names:
             raise EventError(f"the model {model!r} does not exist on this server; it serves: "
@@ -276,7 +308,7 @@ class RealtimeSession:
         if len(raw) % 2:
             raise EventError(f"'audio' must hold whole 16-bit samples, got {len(raw)} bytes", code="invalid_value",
                              param="audio")
-        return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
+        return np.frombuffer(raw, dtype="<i2")
 
     async def _start_item(self) -> _Item:
         item = _Item(f"item_{uuid.uuid4().hex[:20]}", self.rate, self._decoding())
@@ -313,16 +345,24 @@ class RealtimeSession:
         if item is not None and item.samples + len(samples) > limit * item.rate:
             raise EventError(f"the input audio buffer would exceed {limit:g} s; commit it first",
                              code="input_audio_buffer_full", param="audio")
+        seconds = len(samples) / (item.rate if item is not None else self.rate)
+        total = self.state.settings.realtime_max_total_buffer_seconds
+        if not self.runner.streaming and self.state.buffered_seconds + seconds > total:
+            raise EventError(f"the server's realtime buffers are full ({total:g} s of uncommitted audio over all "
+                             f"sessions); commit or clear this buffer, or retry later", code="server_buffers_full",
+                             param="audio", type="server_error")
         if item is None:
             item = self.current = await self._start_item()
         item.samples += len(samples)
         if item.handle is not None:
             try:
-                await self.runner.feed(item.handle.request_id, samples)
+                await self.runner.feed(item.handle.request_id, samples.astype(np.float32) / 32768.0)
             except OasrError as exc:
                 raise EventError(f"the audio could not be fed: {exc}", code="invalid_audio", param="audio") from None
         else:
             item.chunks.append(samples)
+            item.buffered += seconds
+            self.state.buffered_seconds += seconds
 
     async def commit(self) -> None:
         item = self.current
@@ -347,6 +387,10 @@ class RealtimeSession:
         if item is not None:
             self._drop(item)
 
+    def _unbuffer(self, item: _Item) -> None:
+        self.state.buffered_seconds = max(0.0, self.state.buffered_seconds - item.buffered)
+        item.buffered = 0.0
+
     def _drop(self, item: _Item) -> None:
         if item.task is not None:
             item.task.cancel()
@@ -355,6 +399,7 @@ class RealtimeSession:
         self._done(item)
 
     def _done(self, item: _Item) -> None:
+        self._unbuffer(item)
         if item.release is not None:
             item.release()
             item.release = None
@@ -414,8 +459,9 @@ class RealtimeSession:
         handle = None
         try:
             item.release = self._acquire()
-            audio = np.concatenate(item.chunks)
+            audio = np.concatenate(item.chunks).astype(np.float32) / 32768.0
             item.chunks.clear()
+            self._unbuffer(item)
             handle = item.handle = await self.runner.submit(audio, sample_rate=item.rate, decoding=item.decoding)
             output = await handle.result(self.state.settings.request_timeout)
             await self._finish(item, output, "")
@@ -432,6 +478,18 @@ class RealtimeSession:
                                                 type="server_error"))
         finally:
             self._done(item)
+
+    async def shutdown(self) -> None:
+        """The server is stopping: tell the client about a buffering item, let items in transcription send
+        their final event (the runner has aborted them), then stop sending."""
+        if self.current is not None and self.current.handle is None and self.current.samples:
+            await self.send("error", error={"type": "server_error", "code": "shutting_down", "param": None,
+                                            "event_id": None, "message": "the server is shutting down; the "
+                                            "uncommitted input audio buffer was discarded"})
+        tasks = [item.task for item in self.items if item.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=SHUTDOWN_FLUSH_SECONDS)
+        await self.close()
 
     async def close(self) -> None:
         self._open = False
@@ -460,6 +518,10 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
             state.authorize(websocket.headers)
         state.check_model(websocket.query_params.get("model"))
         state.require_runner()
+        if len(state.sessions) >= state.settings.realtime_max_sessions:
+            raise ApiError(429, f"the server has {state.settings.realtime_max_sessions} realtime sessions open "
+                                f"(realtime_max_sessions); retry later", type="rate_limit_error",
+                           code="rate_limit_exceeded", headers={"Retry-After": "1"})
     except ApiError as err:
         state.metrics.finished(ENDPOINT, outcome_of(err.status))
         if "websocket.http.response" in websocket.scope.get("extensions", {}):
@@ -469,6 +531,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
         return
     await websocket.accept(subprotocol=subprotocol)
     session = RealtimeSession(websocket, state)
+    state.sessions.add(session)
     state.metrics.realtime_sessions.inc()
     try:
         await session.run()
@@ -476,6 +539,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
         pass
     finally:
         await session.close()
+        state.sessions.discard(session)
         state.metrics.realtime_sessions.dec()
         if websocket.client_state == WebSocketState.CONNECTED:
             try:

@@ -34,6 +34,8 @@ logger = logging.getLogger("oasr.serve")
 
 #: consecutive failed engine steps after which the runner reports itself failed (not ready, 503)
 MAX_STEP_FAILURES = 3
+#: how long :meth:`EngineRunner.stop` waits for the loop thread's current step to end
+STOP_JOIN_SECONDS = 5.0
 
 
 class RequestHandle:
@@ -139,12 +141,12 @@ class EngineRunner:
         await asyncio.to_thread(self.stop)
 
     def stop(self) -> None:
-        """Stop the loop thread (after its current step), shut the engine down, abort what is left."""
+        """Abort what is left (a running forward leaves its batch at the next module), answer every waiting
+        handle, then stop the loop thread.  The answers go out first: a step that does not end promptly
+        delays nobody's response, and the thread join is bounded."""
         self.draining = True
         self._stop.set()
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=60)
         try:
             self.engine.shutdown()
         except Exception:
@@ -154,6 +156,10 @@ class EngineRunner:
         for request_id in leftover:
             self._deliver(RequestOutput(request_id, finished=True, finish_reason="abort",
                                         error="the server is shutting down"))
+        if self._thread is not None:
+            self._thread.join(timeout=STOP_JOIN_SECONDS)
+            if self._thread.is_alive():
+                logger.warning("the engine step did not end within %g s of the shutdown", STOP_JOIN_SECONDS)
 
     # -- requests --------------------------------------------------------------------------------------
     def _register(self) -> RequestHandle:

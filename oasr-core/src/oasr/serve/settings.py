@@ -24,14 +24,25 @@ class ServerSettings:
     api_key: str | None = None
     #: the largest audio upload accepted; enforced while reading the body
     max_upload_bytes: int = attrs.field(default=25 * 1024 * 1024, validator=v.gt(0))
-    #: requests admitted at once (HTTP requests and realtime items); the next one gets 429
+    #: requests admitted at once (HTTP requests and realtime items); the next one gets 429.  A slot is
+    #: taken once the body has arrived, so slow uploads never hold one
     max_concurrency: int = attrs.field(default=64, validator=v.ge(1))
+    #: request bodies being received at once; the next upload gets 429 (bounds the upload buffers)
+    max_pending_uploads: int = attrs.field(default=128, validator=v.ge(1))
+    #: a request body must arrive completely within this many seconds of the handler starting (408)
+    body_timeout: float = attrs.field(default=120.0, validator=v.gt(0))
+    #: a connection must send a complete request head within this many seconds (else it is closed)
+    header_timeout: float = attrs.field(default=10.0, validator=v.gt(0))
     #: a request still unfinished after this many seconds is aborted (503)
     request_timeout: float = attrs.field(default=600.0, validator=v.gt(0))
     #: on shutdown, in-flight requests get this long to finish before they are aborted
     shutdown_grace: float = attrs.field(default=30.0, validator=v.ge(0))
     #: the most audio one realtime buffer may hold before it is committed
     realtime_max_buffer_seconds: float = attrs.field(default=600.0, validator=v.gt(0))
+    #: uncommitted realtime audio held over all sessions at once (offline engines buffer until commit)
+    realtime_max_total_buffer_seconds: float = attrs.field(default=3600.0, validator=v.gt(0))
+    #: realtime sessions open at once; the next handshake gets 429
+    realtime_max_sessions: int = attrs.field(default=64, validator=v.ge(1))
     #: the largest WebSocket message accepted (OpenAI's limit for one append is 15 MiB of base64)
     realtime_max_message_bytes: int = attrs.field(default=16 * 1024 * 1024, validator=v.gt(0))
 
