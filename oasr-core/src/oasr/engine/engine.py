@@ -28,6 +28,7 @@ from oasr import plugins, serde
 from oasr.decoding.types import Hypothesis, Segment
 from oasr.engine.config import EngineConfig
 from oasr.engine.decode.base import DecodeBatch, DecodeContext, DecodeStrategy
+from oasr.engine.device import engine_device
 from oasr.engine.metrics import EngineMetrics
 from oasr.engine.options import DecodingOptions, RequestOutput
 from oasr.engine.scheduler import Scheduler
@@ -79,11 +80,12 @@ class Engine:
         elif overrides:
             config = attrs.evolve(config, **overrides)
         self.config = config
+        self.device, _ = engine_device(config.device, config.dtype)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         if loaded is None:
             loaded = load_pretrained(config.model or default_model(), architecture=config.architecture,
-                                     device=config.device, dtype=config.dtype)
+                                     device=self.device, dtype=config.dtype)
         self.loaded = loaded
         self.model = loaded.model
         model_cls = type(self.model)
@@ -140,7 +142,7 @@ class Engine:
         options = strategy_cls.parse_options(self.config.decode_options)
         frame_shift = self.feature_config.frame_shift_ms / 1000.0 * max(1, int(self.feature_config.lfr_n))
         ctx = DecodeContext(model=model, tokenizer=self.tokenizer, decoding_defaults=self.loaded.decoding_defaults,
-                            feature_config=self.feature_config, device=torch.device(self.config.device),
+                            feature_config=self.feature_config, device=self.device,
                             frame_shift=frame_shift, sample_rate=int(self.feature_config.sample_rate),
                             source=self.loaded.source)
         return strategy_cls(ctx, options)
@@ -273,7 +275,7 @@ class Engine:
             from oasr.features import extract_features_batch
 
             t0 = time.perf_counter()
-            feats, feat_lens = extract_features_batch(batch.waveforms, self.feature_config)
+            feats, feat_lens = extract_features_batch(batch.waveforms, self.feature_config, device=self.model.device)
             batch.feats = feats.to(self.model.device, self.model.compute_dtype)
             batch.feat_lens = feat_lens.to(self.model.device)
             batch.timings["features"] = time.perf_counter() - t0
@@ -449,5 +451,4 @@ def build_output(request_id: str, hyp: Hypothesis, tokenizer: Any, options: Deco
         nbest = [h.text if h.text is not None else tokenizer.decode(h.tokens) for h in hyp.nbest]
     return RequestOutput(request_id, text=text, tokens=list(hyp.tokens), words=words, segments=segments,
                          confidence=hyp.confidence, language=hyp.language, finished=finished,
-                         finish_reason="stop" if finished else None, duration=duration, nbest=nbest,
-                         tags=hyp.tags)
+                         finish_reason="stop" if finished else None, duration=duration, nbest=nbest)

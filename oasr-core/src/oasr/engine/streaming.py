@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from oasr.engine.engine import Engine, build_output, deliver
+from oasr.engine.graphs import StepGraphs, graph_refusal
 from oasr.engine.options import DecodingOptions, RequestOutput
 from oasr.errors import CapabilityError, EngineFullError, RequestError
 
@@ -158,7 +159,7 @@ class StreamingExecutor:
         self.frame_seconds = frame_s
         max_frames = math.ceil(config.max_stream_seconds / frame_s)
         self.max_chunks = math.ceil(max_frames / self.chunk_size)
-        device = torch.device(config.device)
+        device = engine.device
         dtype = model.compute_dtype
         self.pool: PagedKVPool | None = None
         self.slot_states: dict[str, torch.Tensor] = {}
@@ -174,7 +175,11 @@ class StreamingExecutor:
                                                          device=device)
         from oasr.features import BatchedStreamingFeatureExtractor
 
-        self.extractor = BatchedStreamingFeatureExtractor(engine.feature_config, self.max_streams)
+        self.extractor = BatchedStreamingFeatureExtractor(engine.feature_config, self.max_streams, device=device)
+        #: why the chunk step is not replayed from CUDA graphs (None: it is)
+        self.graph_refusal = graph_refusal(enabled=config.cuda_graphs, device=device, streaming_kind=kind,
+                                           encoder=encoder)
+        self.step_graphs = StepGraphs(encoder.forward_chunk_slots) if self.graph_refusal is None else None
         self.free_slots: deque[int] = deque(range(self.max_streams))
         self.streams: dict[str, Stream] = {}
         self.waiting: deque[Stream] = deque()
@@ -266,7 +271,7 @@ class StreamingExecutor:
 
     @property
     def pool_device(self) -> torch.device:
-        return torch.device(self.engine.config.device)
+        return self.engine.device
 
     def _reset_slot_state(self, slot: int) -> None:
         specs = {s.name: s for s in self.engine.model.encoder.streaming_state_specs}
@@ -421,7 +426,8 @@ class StreamingExecutor:
         specs = {s.name: s for s in encoder.streaming_state_specs}
         slots = torch.tensor([s.slot for s, _ in ready], device=feats.device)
         states = {name: t.index_select(specs[name].slot_axis, slots) for name, t in self.slot_states.items()}
-        hidden, lengths, new_states = encoder.forward_chunk_slots(feats, feat_lens, offsets, states)
+        forward = self.step_graphs if self.step_graphs is not None else encoder.forward_chunk_slots
+        hidden, lengths, new_states = forward(feats, feat_lens, offsets, states)
         for name, tensor in new_states.items():
             self.slot_states[name].index_copy_(specs[name].slot_axis, slots, tensor.to(self.slot_states[name].dtype))
         return hidden, lengths

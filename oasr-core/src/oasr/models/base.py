@@ -58,6 +58,9 @@ class BaseEncoder(nn.Module):
     streaming_state_specs: tuple[StreamStateSpec, ...] = ()
     #: a trained attention span that the engine prefills so every stream's cache is uniform
     fixed_attention_window: int | None = None
+    #: the streaming chunk step can be recorded in a CUDA graph: no host synchronisation and no shape
+    #: that depends on tensor values (see oasr.engine.graphs)
+    supports_step_graphs: bool = False
     #: feature frames per encoder frame
     subsampling_rate: int = 1
     #: feature frames of look-ahead the subsampling front-end needs beyond a chunk
