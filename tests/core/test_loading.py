@@ -204,7 +204,7 @@ def test_native_bundle_refuses_newer_format_and_path_escape(archs, tmp_path):
     with pytest.raises(CheckpointFormatError, match="format_version 99; this OASR reads up to 2"):
         load_native(bundle)
     cfg_path.write_text(json.dumps({**raw, "tokenizer": {**raw["tokenizer"], "files": {"units": "../../etc/passwd"}}}))
-    with pytest.raises(CheckpointFormatError, match="outside the bundle"):
+    with pytest.raises(CheckpointFormatError, match="leads outside the model directory"):
         load_native(bundle)
     cfg_path.write_text(json.dumps({**raw, "surprise": 1}))
     with pytest.raises(CheckpointFormatError, match="unknown key.*surprise"):
@@ -320,3 +320,175 @@ def test_unknown_source_and_bad_hub_id(tmp_path):
         f = tmp_path / "x.bin"
         f.write_bytes(b"0")
         load_pretrained(f)
+
+
+# -- hub cache snapshots, links out of the model, corrupt files ----------------------------------------------
+def _tiny_hf_whisper(root: Path) -> Path:
+    from transformers import WhisperTokenizerFast
+
+    from tests.models.hf.whisper import _helpers as h
+
+    tokenizer_dir = root / "tok"
+    WhisperTokenizerFast(tokenizer_object=h.whisper_tokenizer(multilingual=True), bos_token="<|endoftext|>",
+                         eos_token="<|endoftext|>", unk_token="<|endoftext|>",
+                         pad_token="<|endoftext|>").save_pretrained(tokenizer_dir)
+    return h.build_tiny_hf(root / "plain", tokenizer_dir, seed=3)
+
+
+def _shard(model_dir: Path, parts: int = 3) -> None:
+    """Split model.safetensors into ``parts`` shards with an index, as a sharded hub upload has."""
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(model_dir / "model.safetensors"))
+    names = sorted(state)
+    weight_map = {}
+    for i in range(parts):
+        shard = f"model-{i + 1:05d}-of-{parts:05d}.safetensors"
+        keys = names[i::parts]
+        save_file({k: state[k] for k in keys}, str(model_dir / shard), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(keys, shard))
+    (model_dir / "model.safetensors").unlink()
+    (model_dir / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def _hub_cache(cache: Path, repo: str, files: Path, revision: str = "0123456789abcdef") -> Path:
+    """``files`` laid out as huggingface_hub caches a download: blobs/<hash> + snapshots/<rev>/name → blob."""
+    import hashlib
+
+    folder = cache / ("models--" + repo.replace("/", "--"))
+    snapshot = folder / "snapshots" / revision
+    (folder / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text(revision)
+    for file in sorted(files.iterdir()):
+        data = file.read_bytes()
+        blob = folder / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snapshot / file.name).symlink_to(Path("..") / ".." / "blobs" / blob.name)
+    return snapshot
+
+
+@pytest.fixture(scope="module")
+def sharded_whisper(tmp_path_factory) -> Path:
+    plain = _tiny_hf_whisper(tmp_path_factory.mktemp("whisper"))
+    _shard(plain)
+    return plain
+
+
+def test_sharded_safetensors_in_a_hub_cache_snapshot_load(sharded_whisper, tmp_path, monkeypatch):
+    """snapshots/<rev>/model-0000N-of-00003.safetensors → ../../blobs/<hash>: the layout of every sharded
+    hub download loads, by path and by hub id from the offline cache, with the plain copy's weights."""
+    snapshot = _hub_cache(tmp_path / "hub", "org/tiny-whisper", sharded_whisper)
+    assert (snapshot / "model-00001-of-00003.safetensors").is_symlink()
+    plain = load_pretrained(sharded_whisper).model.state_dict()
+    by_path = load_pretrained(snapshot).model.state_dict()
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as hub_constants
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
+    by_id = load_pretrained("org/tiny-whisper").model.state_dict()
+    assert plain.keys() == by_path.keys() == by_id.keys()
+    assert all(torch.equal(plain[k], by_path[k]) and torch.equal(plain[k], by_id[k]) for k in plain)
+
+
+@pytest.mark.parametrize("target", ["outside", "other repo"])
+def test_a_link_out_of_the_models_repo_is_refused_and_never_echoed(sharded_whisper, tmp_path, target):
+    snapshot = _hub_cache(tmp_path / "hub", "org/tiny-whisper", sharded_whisper)
+    if target == "outside":
+        secret = tmp_path / "private" / "secret-name.txt"
+        secret.parent.mkdir()
+        secret.write_text("SECRET-FIRST-LINE 1\n")
+    else:
+        other = _hub_cache(tmp_path / "hub", "org/other", sharded_whisper, revision="fedcba")
+        secret = (other / "config.json").resolve()
+    (snapshot / "tokenizer.json").unlink()
+    (snapshot / "tokenizer.json").symlink_to(secret)
+    with pytest.raises(CheckpointFormatError, match="leads outside the model directory") as err:
+        load_pretrained(snapshot)
+    message = str(err.value)
+    assert "tokenizer.json" in message
+    assert str(secret) not in message and secret.name not in message and "SECRET" not in message
+
+
+def test_a_units_file_linked_to_a_system_file_is_not_followed(tmp_path):
+    """The WeNet fixture with units.txt → a file outside the model: refused before it is read."""
+    import shutil
+
+    from tests.helpers import REPO
+
+    model = tmp_path / "wenet"
+    shutil.copytree(REPO.parent / "shared" / "fixtures" / "wenet_u2pp" / "model", model)
+    outside = tmp_path / "passwd"
+    outside.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    (model / "units.txt").unlink()
+    (model / "units.txt").symlink_to(outside)
+    with pytest.raises(CheckpointFormatError, match="units.txt: this path leads outside") as err:
+        load_pretrained(model)
+    assert "root:x" not in str(err.value) and str(outside) not in str(err.value)
+
+
+def test_a_corrupt_safetensors_header_names_the_file(sharded_whisper, tmp_path):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(sharded_whisper, model)
+    shard = model / "model-00002-of-00003.safetensors"
+    shard.write_bytes(b"\xff" * 8 + b"not a header" + shard.read_bytes()[20:])
+    with pytest.raises(CheckpointFormatError, match=r"model-00002-of-00003.safetensors is not a readable safetensors"):
+        load_pretrained(model)
+
+
+def test_random_bytes_in_a_pt_file_are_called_corrupt_not_unsafe(tmp_path):
+    path = tmp_path / "final.pt"
+    path.write_bytes(bytes(range(256)) * 16)
+    with pytest.raises(CheckpointFormatError, match="is not a PyTorch checkpoint") as err:
+        load_torch_checkpoint(path)
+    assert "unpickling" not in str(err.value)
+
+
+def _ct2_bytes(shape: tuple[int, ...], values: int) -> bytes:
+    """A minimal CTranslate2 model.bin (binary version 6) holding one float32 variable."""
+    import struct
+
+    def string(text: str) -> bytes:
+        raw = text.encode() + b"\0"
+        return struct.pack("<H", len(raw)) + raw
+
+    var = string("encoder/conv1/weight") + struct.pack("<B", len(shape)) + b"".join(struct.pack("<I", d) for d in shape)
+    var += struct.pack("<BI", 0, 4 * values) + b"\0" * (4 * values)
+    return struct.pack("<I", 6) + string("WhisperSpec") + struct.pack("<II", 3, 1) + var + struct.pack("<I", 0)
+
+
+def test_a_ct2_variable_whose_shape_disagrees_with_its_bytes_is_a_format_error(tmp_path):
+    from oasr_models_hf.whisper.convert import read_ct2_model
+
+    good = tmp_path / "good.bin"
+    good.write_bytes(_ct2_bytes((2, 3), 6))
+    assert read_ct2_model(good)[2]["encoder/conv1/weight"].shape == (2, 3)
+    bad = tmp_path / "model.bin"
+    bad.write_bytes(_ct2_bytes((2, 3), 5))
+    with pytest.raises(CheckpointFormatError, match=r"model.bin: variable 'encoder/conv1/weight' has shape \(2, 3\)"):
+        read_ct2_model(bad)
+
+
+def test_the_cli_reports_a_corrupt_checkpoint_as_oasr_error_exit_2(sharded_whisper, tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    import numpy as np
+    import soundfile as sf
+
+    model = tmp_path / "model"
+    shutil.copytree(sharded_whisper, model)
+    (model / "model-00001-of-00003.safetensors").write_bytes(b"\x00" * 100)
+    wav = tmp_path / "a.wav"
+    sf.write(wav, np.zeros(16000, np.float32), 16000)
+    done = subprocess.run([sys.executable, "-m", "oasr.cli", "transcribe", "--model", str(model), str(wav)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("oasr: error:") and "Traceback" not in done.stderr, done.stderr
+    assert "model-00001-of-00003.safetensors" in done.stderr

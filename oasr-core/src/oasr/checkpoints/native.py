@@ -22,9 +22,10 @@ from typing import Any
 
 import attrs
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from oasr import serde
+from oasr.checkpoints.files import load_safetensors, resolve_inside
 from oasr.errors import CheckpointFormatError, ConfigError
 from oasr.models.loaded import NATIVE_CONFIG, LoadedModel, finish_model
 from oasr.models.registry import config_class, model_class
@@ -54,11 +55,8 @@ def is_native_bundle(path: Path) -> bool:
 
 
 def _inside(root: Path, name: str) -> Path:
-    """``root/name``, refusing names that escape ``root``."""
-    candidate = (root / name).resolve()
-    if not candidate.is_relative_to(root.resolve()):
-        raise CheckpointFormatError(f"{name!r} points outside the bundle directory {root}", path=root)
-    return candidate
+    """``root/name``, refusing names that escape ``root`` (see :func:`oasr.checkpoints.files.resolve_inside`)."""
+    return resolve_inside(root, name)
 
 
 def save_native(loaded: LoadedModel, dst: str | Path, *, overwrite: bool = False) -> Path:
@@ -143,7 +141,7 @@ def load_native(path: str | Path, *, device: str | torch.device = "cpu",
     weights = path / WEIGHTS
     if not weights.is_file():
         raise CheckpointFormatError(f"native bundle {path} has no {WEIGHTS}", path=path)
-    state = load_file(str(weights), device="cpu")
+    state = load_safetensors(weights)
     result = model.load_state_dict(state, strict=False)
     missing = [k for k in result.missing_keys if not model.is_computed_buffer(k)]
     if missing or result.unexpected_keys:

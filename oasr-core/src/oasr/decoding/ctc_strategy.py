@@ -93,7 +93,9 @@ class CtcDecodeStrategy(DecodeStrategy):
     def decode(self, batch: DecodeBatch) -> list[Hypothesis | BaseException]:
         t0 = time.perf_counter()
         log_probs, lengths = self.ctx.model.forward_offline(batch.feats, batch.feat_lens)
-        log_probs = log_probs.float().cpu()
+        # log-probs stay on the model's device: core's CTC searches use a device kernel when one is
+        # registered (oasr-kernels' @cuda variants) and copy to the host otherwise
+        log_probs = log_probs.float()
         lengths = lengths.cpu()
         t1 = time.perf_counter()
         results = self.search(log_probs, lengths, batch.options)

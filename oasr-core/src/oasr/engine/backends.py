@@ -196,6 +196,8 @@ class SlotBackend(StreamingBackend):
             shape = list(spec.shape)
             shape[spec.slot_axis] = self.max_streams
             self.states[spec.name] = torch.full(shape, spec.fill_value, dtype=_dtype(spec.dtype), device=self.device)
+        #: the chunk step: the encoder's forward_chunk_slots, or its CUDA-graph replay (oasr.engine.graphs)
+        self.step = self.encoder.forward_chunk_slots
 
     def allocate(self, stream: Any) -> None:
         """Write every state of the stream's slot: persistent ones from its request, the rest filled."""
@@ -223,7 +225,7 @@ class SlotBackend(StreamingBackend):
     def forward(self, streams, feats, feat_lens, offsets):
         slots = torch.tensor([s.slot for s in streams], device=self.device)
         cohort = {name: t.index_select(self.specs[name].slot_axis, slots) for name, t in self.states.items()}
-        hidden, lengths, updated = self.encoder.forward_chunk_slots(feats, feat_lens, offsets, cohort)
+        hidden, lengths, updated = self.step(feats, feat_lens, offsets, cohort)
         # a stream aborted meanwhile keeps its slot until the next step's admission rewrites it
         for name, tensor in updated.items():
             pool = self.states[name]

@@ -29,6 +29,7 @@ class EngineConfig:
     model: str | None = None
     architecture: str | None = None
     device: str = "cpu"
+    #: compute dtype (None: the checkpoint's); float16 / bfloat16 on a GPU only (see oasr.engine.device)
     dtype: str | None = None
     #: weight quantization applied after loading ("int8": per-channel int8 weights, dynamic activations)
     quantization: str | None = attrs.field(default=None, validator=v.in_(QUANTIZATIONS))
@@ -66,3 +67,6 @@ class EngineConfig:
     max_streams: int = attrs.field(default=32, validator=v.ge(1))
     #: a stream longer than this many seconds finishes with finish_reason="length"
     max_stream_seconds: float = attrs.field(default=600.0, validator=v.gt(0))
+    #: on a GPU, replay the streaming chunk step from CUDA graphs (one per batch size) where the
+    #: encoder allows it (see oasr.engine.graphs); False: always run it eagerly
+    cuda_graphs: bool = True

@@ -28,6 +28,7 @@ from oasr import plugins, serde
 from oasr.decoding.strategy import DecodeBatch, DecodeContext, DecodeStrategy
 from oasr.decoding.types import Hypothesis
 from oasr.engine.config import EngineConfig
+from oasr.engine.device import engine_device
 from oasr.engine.metrics import EngineMetrics
 from oasr.engine.options import DecodingOptions, RequestOutput
 from oasr.engine.outputs import OutputCallback, build_output, deliver
@@ -78,11 +79,12 @@ class Engine:
         elif overrides:
             config = attrs.evolve(config, **overrides)
         self.config = config
+        self.device, _ = engine_device(config.device, config.dtype)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         if loaded is None:
             loaded = load_pretrained(config.model or default_model(), architecture=config.architecture,
-                                     device=config.device, dtype=config.dtype)
+                                     device=self.device, dtype=config.dtype)
         self.loaded = loaded
         self.model = loaded.model
         model_cls = type(self.model)
@@ -142,7 +144,7 @@ class Engine:
         options = strategy_cls.parse_options(self.config.decode_options)
         frame_shift = self.feature_config.frame_shift_ms / 1000.0 * max(1, int(self.feature_config.lfr_n))
         ctx = DecodeContext(model=model, tokenizer=self.tokenizer, decoding_defaults=self.loaded.decoding_defaults,
-                            feature_config=self.feature_config, device=torch.device(self.config.device),
+                            feature_config=self.feature_config, device=self.device,
                             frame_shift=frame_shift, sample_rate=int(self.feature_config.sample_rate),
                             source=self.loaded.source)
         return strategy_cls(ctx, options)
@@ -279,7 +281,7 @@ class Engine:
             from oasr.features import extract_features_batch
 
             t0 = time.perf_counter()
-            feats, feat_lens = extract_features_batch(batch.waveforms, self.feature_config)
+            feats, feat_lens = extract_features_batch(batch.waveforms, self.feature_config, device=self.model.device)
             batch.feats = feats.to(self.model.device, self.model.compute_dtype)
             batch.feat_lens = feat_lens.to(self.model.device)
             batch.timings["features"] = time.perf_counter() - t0

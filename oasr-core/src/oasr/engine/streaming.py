@@ -25,7 +25,8 @@ import attrs
 import numpy as np
 import torch
 
-from oasr.engine.backends import PagedBackend, build_backend
+from oasr.engine.backends import PagedBackend, SlotBackend, build_backend
+from oasr.engine.graphs import StepGraphs, graph_refusal
 from oasr.engine.options import DecodingOptions, RequestOutput
 from oasr.engine.outputs import build_output, deliver
 from oasr.errors import CapabilityError, EngineFullError, RequestError
@@ -87,14 +88,21 @@ class StreamingExecutor:
         self.max_chunks = math.ceil(max_frames / self.chunk_size)
         self.lock = threading.RLock()
         self.step_lock = threading.Lock()
+        device = engine.device
         self.backend = build_backend(model, max_streams=self.max_streams, chunk_size=self.chunk_size,
                                      num_left_chunks=self.num_left_chunks, max_chunks=self.max_chunks,
-                                     dtype=model.compute_dtype, device=torch.device(config.device), lock=self.lock)
+                                     dtype=model.compute_dtype, device=device, lock=self.lock)
         #: the paged backend's block pool (None for the other kinds)
         self.pool = self.backend.pool if isinstance(self.backend, PagedBackend) else None
         from oasr.features import BatchedStreamingFeatureExtractor
 
-        self.extractor = BatchedStreamingFeatureExtractor(engine.feature_config, self.max_streams)
+        self.extractor = BatchedStreamingFeatureExtractor(engine.feature_config, self.max_streams, device=device)
+        #: why the chunk step is not replayed from CUDA graphs (None: it is)
+        self.graph_refusal = graph_refusal(enabled=config.cuda_graphs, device=device, streaming_kind=self.kind,
+                                           encoder=encoder)
+        self.step_graphs = StepGraphs(encoder.forward_chunk_slots) if self.graph_refusal is None else None
+        if self.step_graphs is not None and isinstance(self.backend, SlotBackend):
+            self.backend.step = self.step_graphs
         self.free_slots: deque[int] = deque(range(self.max_streams))
         self.streams: dict[str, Stream] = {}
         self.waiting: deque[Stream] = deque()
@@ -181,7 +189,7 @@ class StreamingExecutor:
 
     @property
     def pool_device(self) -> torch.device:
-        return torch.device(self.engine.config.device)
+        return self.engine.device
 
     def reset_turn(self, request_id: str) -> bool:
         """Start a new turn on a stream: the encoder forgets what it heard (its offset, caches and

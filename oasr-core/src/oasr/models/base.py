@@ -56,6 +56,9 @@ class BaseEncoder(nn.Module):
     streaming_kind: str = "none"
     #: a ``slot`` encoder's per-stream tensors, one :class:`StreamStateSpec` each
     streaming_state_specs: tuple[StreamStateSpec, ...] = ()
+    #: the streaming chunk step can be recorded in a CUDA graph: no host synchronisation and no shape
+    #: that depends on tensor values (see oasr.engine.graphs)
+    supports_step_graphs: bool = False
     #: feature frames per encoder frame
     subsampling_rate: int = 1
     #: feature frames of look-ahead the subsampling front-end needs beyond a chunk

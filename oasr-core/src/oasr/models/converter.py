@@ -90,20 +90,41 @@ def load_torch_checkpoint(path: str | Path) -> Any:
     A file that needs arbitrary unpickling (pickled classes, code) is refused: checkpoints are data.
     """
     path = Path(path)
+    _check_torch_container(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=False)
     except FileNotFoundError:
         raise CheckpointFormatError(f"checkpoint file {path} does not exist", path=path) from None
-    except (pickle.UnpicklingError, RuntimeError, AttributeError, TypeError) as exc:
+    except (pickle.UnpicklingError, RuntimeError, AttributeError, TypeError, EOFError, ValueError) as exc:
         text = str(exc)
-        if "weights_only" in text or "Unsupported global" in text or isinstance(exc, pickle.UnpicklingError):
+        if "Unsupported global" in text or "Unsupported class" in text:
             raise CheckpointFormatError(
                 f"refusing to load {path}: it is not plain tensors and containers (it needs arbitrary "
                 f"unpickling, which can run code). Re-save it as a plain state dict or safetensors. "
                 f"Detail: {text.splitlines()[0] if text else type(exc).__name__}",
                 path=path,
             ) from exc
-        raise CheckpointFormatError(f"cannot read checkpoint {path}: {text}", path=path) from exc
+        detail = next((line for line in text.splitlines() if "error" in line.lower()), text.splitlines()[0] if text
+                      else type(exc).__name__)
+        raise CheckpointFormatError(f"cannot read checkpoint {path}: it is corrupt or truncated ({detail.strip()})",
+                                    path=path) from exc
+
+
+def _check_torch_container(path: Path) -> None:
+    """Refuse a file that is neither torch.save's zip archive nor a (legacy) pickle, before unpickling."""
+    import zipfile
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except FileNotFoundError:
+        raise CheckpointFormatError(f"checkpoint file {path} does not exist", path=path) from None
+    except OSError as exc:
+        raise CheckpointFormatError(f"cannot read checkpoint {path}: {exc}", path=path) from None
+    if not (zipfile.is_zipfile(path) or (len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5)):
+        raise CheckpointFormatError(f"{path} is not a PyTorch checkpoint: it is neither a zip archive (what "
+                                    f"torch.save writes) nor a pickle; the file is corrupt or of another format",
+                                    path=path)
 
 
 def extract_state_dict(obj: Any, path: Path, keys: tuple[str, ...] = ("model", "state_dict")) -> dict[str, torch.Tensor]:

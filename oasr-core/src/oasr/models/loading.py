@@ -5,6 +5,11 @@ Resolution precedence:
 1. a native bundle (``oasr_config.json``) loads directly, with no third-party framework;
 2. an explicit ``architecture=`` picks that converter, no sniffing;
 3. otherwise every converter's ``detect`` claim is ranked by specificity.
+
+Before anything is read, the directory's symbolic links are checked (:func:`oasr.checkpoints.files.check_links`:
+links stay inside the model, or in a hub cache snapshot inside its repository's ``blobs/``), and any
+error a converter raises that is not already an :class:`~oasr.errors.OasrError` (a library's error on
+a corrupt file) becomes a :class:`~oasr.errors.CheckpointFormatError` naming the directory.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import attrs
 import torch
 
 from oasr import plugins
-from oasr.errors import CheckpointFormatError, UnknownModelError
+from oasr.errors import CheckpointFormatError, OasrError, UnknownModelError
 from oasr.models.base import BaseAsrModel
 from oasr.models.converter import CheckpointConverter, ConvertedCheckpoint
 from oasr.models.loaded import LoadedModel, finish_model
@@ -120,7 +125,13 @@ def convert_checkpoint(path: Path, architecture: str | None = None) -> tuple[Con
     """Run the converter chosen by ``architecture=`` or by detection over a source directory."""
     name = architecture or detect_architecture(path)
     converter = converter_for(name)
-    converted = converter.convert(path)
+    try:
+        converted = converter.convert(path)
+    except OasrError:
+        raise
+    except Exception as exc:  # a library's error on a corrupt file: name the checkpoint
+        raise CheckpointFormatError(f"{path}: the {name!r} converter could not read this checkpoint (corrupt or "
+                                    f"incomplete files?): {type(exc).__name__}: {exc}", path=path) from exc
     if converted.architecture != name:
         converted = attrs.evolve(converted, architecture=name)
     return converted, converter
@@ -129,9 +140,11 @@ def convert_checkpoint(path: Path, architecture: str | None = None) -> tuple[Con
 def load_pretrained(id_or_path: str | os.PathLike, *, architecture: str | None = None,
                     device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None) -> LoadedModel:
     """Load a checkpoint with its tokenizer, feature and decoding specs and the load report."""
+    from oasr.checkpoints.files import check_links
     from oasr.checkpoints.native import is_native_bundle, load_native
 
     path = resolve_source(id_or_path)
+    check_links(path)
     if is_native_bundle(path):
         loaded = load_native(path, device=device, dtype=dtype)
         if architecture is not None and architecture != loaded.architecture:

@@ -22,6 +22,7 @@ architecture (a ``model_type`` value, a spec name in the binary header): specifi
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 from typing import Any
@@ -167,20 +168,17 @@ class HFWhisperConverter(_WhisperLayout):
             return False
 
     def load_state_dict(self, path: Path) -> dict[str, torch.Tensor]:
-        from safetensors.torch import load_file
+        from oasr.checkpoints.files import load_safetensors, resolve_inside
 
         path = Path(path)
         single = path / "model.safetensors"
         index = path / "model.safetensors.index.json"
         if single.is_file():
-            state = load_file(str(single))
+            state = load_safetensors(single)
         elif index.is_file():
             state = {}
             for shard in sorted(set(_read_json(index).get("weight_map", {}).values())):
-                shard_path = (path / shard).resolve()
-                if not shard_path.is_relative_to(path.resolve()):
-                    raise CheckpointFormatError(f"{index}: shard {shard!r} points outside {path}", path=index)
-                state.update(load_file(str(shard_path)))
+                state.update(load_safetensors(resolve_inside(path, shard)))  # hub snapshots link into blobs/
         elif (path / "pytorch_model.bin").is_file():
             state = load_torch_checkpoint(path / "pytorch_model.bin")
         else:
@@ -299,6 +297,10 @@ def read_ct2_model(path: str | Path) -> tuple[str, int, dict[str, np.ndarray]]:
             array = (np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
         else:
             array = np.frombuffer(raw, dtype=_CT2_DTYPES[type_id])
+        if array.size != math.prod(shape):
+            raise CheckpointFormatError(f"{path}: variable {name!r} has shape {shape} ({math.prod(shape)} values) "
+                                        f"but {nbytes} bytes of data ({array.size} values); the file is corrupt",
+                                        path=path)
         variables[name] = array.reshape(shape)
     for _ in range(reader.unpack("I")):
         alias, target = reader.string(), reader.string()
