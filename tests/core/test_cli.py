@@ -57,3 +57,63 @@ def test_convert_int8_writes_a_format_2_bundle_that_loads(tmp_path):
             b, _ = int8.forward_offline(feats, torch.tensor([40]))
         assert not torch.equal(a, b)  # the weights really are int8
         assert (a.exp() - b.exp()).abs().max() < 0.05  # and still close to fp32
+
+
+def _defaults(command: str) -> dict[str, object]:
+    import argparse
+    import importlib
+
+    from oasr.cli import COMMANDS
+
+    parser = argparse.ArgumentParser()
+    importlib.import_module(COMMANDS[command][0]).add_arguments(parser)
+    return {a.dest: a.default for a in parser._actions}
+
+
+def test_engine_flags_of_transcribe_and_serve_are_the_engine_config_fields():
+    import attrs
+
+    from oasr import transcribe_cli
+    from oasr.engine import EngineConfig
+    from oasr.serve import cli as serve_cli
+
+    fields = attrs.fields_dict(EngineConfig)
+    transcribe, serve = _defaults("transcribe"), _defaults("serve")
+    for defaults, names in ((transcribe, transcribe_cli.ENGINE_FIELDS),
+                            (serve, (*serve_cli.ENGINE_FIELDS, *serve_cli.BATCHING_FIELDS, *serve_cli.STREAMING_FIELDS,
+                                     *serve_cli.SERVER_ENGINE_FIELDS))):
+        assert {n: defaults[n] for n in names} == {n: fields[n].default for n in names}
+    shared = set(transcribe_cli.ENGINE_FIELDS) & set(serve)
+    assert {"max_batch_size", "device", "num_threads", "decode_method"} <= shared
+    assert transcribe["max_batch_size"] == serve["max_batch_size"] == EngineConfig().max_batch_size
+
+
+def test_an_engine_flag_keeps_the_field_choices_and_type(capsys):
+    import argparse
+
+    import pytest
+
+    from oasr import transcribe_cli
+
+    parser = argparse.ArgumentParser()
+    transcribe_cli.add_arguments(parser)
+    args = parser.parse_args(["a.wav", "--batch-size", "3", "--threads", "2"])
+    assert (args.max_batch_size, args.num_threads) == (3, 2)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["a.wav", "--quantization", "int4"])
+    assert "argument --quantization: invalid choice: 'int4'" in capsys.readouterr().err
+
+
+def test_engine_config_validators_raise_config_error_naming_the_field():
+    import pytest
+
+    from oasr.engine import EngineConfig
+    from oasr.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="EngineConfig.max_batch_size: 'max_batch_size' must be >= 1: 0") as err:
+        EngineConfig(max_batch_size=0)
+    assert err.value.key == "max_batch_size"
+    with pytest.raises(ConfigError, match="EngineConfig.schedule_policy: .*'fcfs', 'bucket', 'sjf'"):
+        EngineConfig(schedule_policy="random")
+    with pytest.raises(ConfigError, match="EngineConfig.max_queue: must be positive or None, got -1"):
+        EngineConfig(max_queue=-1)

@@ -95,5 +95,13 @@ class RequestError(OasrError, ValueError):
         self.param = param
 
 
+class TranscriptionError(RequestError):
+    """``Engine.transcribe`` inputs that failed; ``outputs`` holds every input's RequestOutput, in order."""
+
+    def __init__(self, message: str, *, outputs: list | None = None):
+        super().__init__(message)
+        self.outputs: list = list(outputs or [])
+
+
 class EngineFullError(OasrError, RuntimeError):
     """The engine cannot admit another request now (queue or stream pool full)."""

@@ -32,13 +32,16 @@ def expand_inputs(patterns: list[str]) -> list[Path]:
     return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]
 
 
+#: the EngineConfig fields ``oasr transcribe`` takes as flags (see :mod:`oasr.engine.flags`)
+ENGINE_FIELDS = ("model", "architecture", "device", "dtype", "quantization", "max_batch_size", "decode_method",
+                 "num_threads")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from oasr.engine.flags import add_engine_flags
     from oasr.engine.formats import FORMATS
 
     parser.add_argument("audio", nargs="+", help="audio files, directories or glob patterns")
-    parser.add_argument("--model", "-m", default=None,
-                        help="checkpoint directory, alias or hub id (default: the embedded default model)")
-    parser.add_argument("--architecture", default=None, help="force an architecture instead of detecting one")
     parser.add_argument("-f", "--format", default="text", choices=FORMATS, help="output format")
     parser.add_argument("-o", "--output", default=None,
                         help="output directory (one file per input), or a file path for a single input")
@@ -46,12 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--language", default=None, help="language code (models that take one)")
     parser.add_argument("--task", default="transcribe", choices=("transcribe", "translate"))
     parser.add_argument("--beam-size", type=int, default=None, help="beam width (default: the model's)")
-    parser.add_argument("--batch-size", type=int, default=8, help="requests decoded together")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--quantization", default=None, choices=("int8",), help="weight quantization")
-    parser.add_argument("--decode-method", default=None, help="decode family (default: the model's)")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    add_engine_flags(parser.add_argument_group("engine"), ENGINE_FIELDS)
 
 
 def _destination(output: str | None, source: Path, fmt: str, many: bool) -> Path | None:
@@ -68,15 +67,14 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from oasr.engine import DecodingOptions, Engine, EngineConfig
+    from oasr.engine.flags import engine_config_kwargs
     from oasr.engine.formats import render
 
     files = expand_inputs(args.audio)
     if not files:
         print("oasr: error: no audio files found", file=sys.stderr)
         return 2
-    engine = Engine(EngineConfig(model=args.model, architecture=args.architecture, device=args.device,
-                                 quantization=args.quantization, max_batch_size=args.batch_size,
-                                 decode_method=args.decode_method, num_threads=args.threads))
+    engine = Engine(EngineConfig(**engine_config_kwargs(args, ENGINE_FIELDS)))
     decoding_kwargs = {"word_timestamps": args.word_timestamps, "task": args.task}
     if args.language:
         decoding_kwargs["language"] = args.language

@@ -33,7 +33,7 @@ from oasr.engine.metrics import EngineMetrics
 from oasr.engine.options import DecodingOptions, RequestOutput
 from oasr.engine.outputs import OutputCallback, build_output, deliver
 from oasr.engine.scheduler import Scheduler
-from oasr.errors import CapabilityError, EngineFullError, OasrError, RequestError
+from oasr.errors import CapabilityError, EngineFullError, OasrError, RequestError, TranscriptionError
 from oasr.models.loaded import LoadedModel
 from oasr.models.loading import load_pretrained
 
@@ -374,17 +374,16 @@ class Engine:
                    sample_rate: int | None = None, streaming: bool = False):
         """Text for one input, or a list of texts in input order.
 
-        Raises :class:`RequestError` if any input failed (its ``outputs`` attribute has every row's
-        RequestOutput, the successful ones included); use :meth:`transcribe_outputs` to get errors per row.
+        Raises :class:`TranscriptionError` (a :class:`RequestError`) if any input failed; its
+        ``outputs`` has every row's RequestOutput, the successful ones included.  Use
+        :meth:`transcribe_outputs` to get errors per row.
         """
         outputs = self.transcribe_outputs(audio, decoding=decoding, sample_rate=sample_rate, streaming=streaming)
         rows = [outputs] if isinstance(outputs, RequestOutput) else outputs
         failed = [(i, o) for i, o in enumerate(rows) if o.finish_reason == "error"]
         if failed:
             detail = "; ".join(f"input {i}: {o.error}" for i, o in failed)
-            error = RequestError(f"{len(failed)} of {len(rows)} input(s) failed: {detail}")
-            error.outputs = rows  # type: ignore[attr-defined]
-            raise error
+            raise TranscriptionError(f"{len(failed)} of {len(rows)} input(s) failed: {detail}", outputs=rows)
         return outputs.text if isinstance(outputs, RequestOutput) else [o.text for o in outputs]
 
     def metrics_snapshot(self) -> dict[str, Any]:

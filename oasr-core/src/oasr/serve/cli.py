@@ -13,11 +13,18 @@ import os
 import sys
 from typing import Any
 
+#: the EngineConfig fields ``oasr serve`` takes as flags (see :mod:`oasr.engine.flags`), by group
+ENGINE_FIELDS = ("model", "architecture")
+SERVER_ENGINE_FIELDS = ("max_audio_seconds",)
+BATCHING_FIELDS = ("device", "dtype", "quantization", "max_batch_size", "max_batch_frames", "max_wait_time",
+                   "schedule_policy", "decode_method")
+STREAMING_FIELDS = ("chunk_size", "num_left_chunks", "max_streams", "max_stream_seconds")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", "-m", default=None,
-                        help="checkpoint directory, alias or hub id (default: the embedded default model)")
-    parser.add_argument("--architecture", default=None, help="force an architecture instead of detecting one")
+    from oasr.engine.flags import add_engine_flags
+
+    add_engine_flags(parser, ENGINE_FIELDS)
 
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1, loopback only)")
@@ -28,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="name clients pass as 'model' (repeat for aliases; default: the --model id, or a "
                              "local directory's name); any other name gets 404")
     server.add_argument("--max-upload-mb", type=float, default=25.0, help="largest audio upload (default: 25, as OpenAI)")
-    server.add_argument("--max-audio-seconds", type=float, default=None, help="refuse longer audio (400)")
+    add_engine_flags(server, SERVER_ENGINE_FIELDS)
     server.add_argument("--max-concurrency", type=int, default=64,
                         help="requests in flight at once; more get 429 (there is no unbounded queue)")
     server.add_argument("--max-pending-uploads", type=int, default=128,
@@ -45,28 +52,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--no-access-log", action="store_true", help="do not log each request")
 
     engine = parser.add_argument_group("engine")
-    engine.add_argument("--device", default="cpu")
-    engine.add_argument("--dtype", default=None, help="compute dtype (default: the model's)")
-    engine.add_argument("--quantization", default=None, choices=("int8",), help="weight quantization")
-    engine.add_argument("--max-batch-size", "--batch-size", dest="max_batch_size", type=int, default=16,
-                        help="requests decoded together (cross-request batching; 1 disables it)")
-    engine.add_argument("--max-batch-frames", type=int, default=None, help="cap on padded feature frames per batch")
-    engine.add_argument("--max-wait-time", type=float, default=0.005,
-                        help="seconds a partial batch waits for more requests")
-    engine.add_argument("--schedule-policy", default="bucket", choices=("fcfs", "bucket", "sjf"))
-    engine.add_argument("--decode-method", default=None, help="decode family (default: the model's)")
+    add_engine_flags(engine, BATCHING_FIELDS)
     engine.add_argument("--decode-option", action="append", default=[], metavar="KEY=VALUE",
                         help="decode strategy option (VALUE parsed as JSON when it is JSON); repeatable")
-    engine.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    add_engine_flags(engine, ("num_threads",))
 
     streaming = parser.add_argument_group("streaming")
     streaming.add_argument("--streaming", action="store_true",
                            help="run the streaming engine (natively streaming models): partial results on "
                                 "stream=true and on the realtime WebSocket")
-    streaming.add_argument("--chunk-size", type=int, default=16, help="decoding chunk (encoder frames)")
-    streaming.add_argument("--num-left-chunks", type=int, default=-1, help="left chunks of context (-1: all)")
-    streaming.add_argument("--max-streams", type=int, default=32, help="streams open at once")
-    streaming.add_argument("--max-stream-seconds", type=float, default=600.0, help="longest stream")
+    add_engine_flags(streaming, STREAMING_FIELDS)
 
 
 def _decode_options(pairs: list[str]) -> dict[str, Any]:
@@ -87,19 +82,15 @@ def _decode_options(pairs: list[str]) -> dict[str, Any]:
 def build_configs(args: argparse.Namespace):
     """(EngineConfig, ServerSettings) from parsed arguments; a bad value raises ConfigError."""
     from oasr.engine import EngineConfig
+    from oasr.engine.flags import engine_config_kwargs
     from oasr.errors import ConfigError
     from oasr.serve.settings import ServerSettings
 
     try:
+        fields = (*ENGINE_FIELDS, *SERVER_ENGINE_FIELDS, *BATCHING_FIELDS, "num_threads", *STREAMING_FIELDS)
         config = EngineConfig(
-            model=args.model, architecture=args.architecture, device=args.device, dtype=args.dtype,
-            quantization=args.quantization, service_mode="streaming" if args.streaming else "offline",
-            max_batch_size=args.max_batch_size, max_batch_frames=args.max_batch_frames,
-            max_wait_time=args.max_wait_time, schedule_policy=args.schedule_policy,
-            max_queue=args.max_concurrency, max_audio_seconds=args.max_audio_seconds,
-            decode_method=args.decode_method, decode_options=_decode_options(args.decode_option),
-            num_threads=args.threads, chunk_size=args.chunk_size, num_left_chunks=args.num_left_chunks,
-            max_streams=args.max_streams, max_stream_seconds=args.max_stream_seconds)
+            **engine_config_kwargs(args, fields), service_mode="streaming" if args.streaming else "offline",
+            max_queue=args.max_concurrency, decode_options=_decode_options(args.decode_option))
         settings = ServerSettings(
             served_model_names=tuple(args.served_model_name or ()), api_key=args.api_key or None,
             max_upload_bytes=int(args.max_upload_mb * 2**20), max_concurrency=args.max_concurrency,
