@@ -17,6 +17,7 @@ from oasr.errors import (
     OasrError,
     PluginLoadError,
     RequestError,
+    TranscriptionError,
     UnknownModelError,
 )
 from oasr.hookspecs import hookimpl
@@ -41,8 +42,8 @@ _LAZY = {
 __all__ = [
     "ASREngine", "AudioError", "CapabilityError", "CheckpointFormatError", "ConfigError", "DecodingOptions",
     "Engine", "EngineConfig", "OasrError", "PluginLoadError", "RequestError", "RequestOutput", "Segment",
-    "UnknownModelError", "WordTiming", "__version__", "from_pretrained", "hookimpl", "list_models",
-    "load_audio", "load_pretrained", "register_model",
+    "TranscriptionError", "UnknownModelError", "WordTiming", "__version__", "from_pretrained", "hookimpl",
+    "list_models", "load_audio", "load_pretrained", "register_model",
 ]
 
 
