@@ -69,6 +69,9 @@ class EngineConfig:
     max_audio_seconds: float | None = attrs.field(default=None, validator=_Checked(_positive_or_none))
     #: allow long-form decoding past a fixed-window model's window (when the family supports it)
     long_form: bool = True
+    #: audio longer than this is cut at VAD silences into segments of at most this many seconds,
+    #: decoded as a batch and stitched (None: the model's ``max_segment_seconds``)
+    long_form_seconds: float | None = attrs.field(default=None, validator=_positive_or_none)
 
     #: inference-time options of the model family (validated by the model's options class)
     model_options: dict[str, Any] = attrs.field(factory=dict)

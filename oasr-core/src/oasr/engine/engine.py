@@ -68,6 +68,11 @@ class Request:
     skipped: int = 0
     output: RequestOutput | None = None
     done: threading.Event = attrs.field(factory=threading.Event)
+    #: long-form: the pieces a request is decoded in (see oasr.engine.longform), and for a piece its
+    #: request and index
+    plan: Any = None
+    parent: Request | None = None
+    piece: int = 0
 
 
 class Engine:
@@ -113,6 +118,9 @@ class Engine:
             fixed_cost=self.window_seconds is not None and not self.strategy.supports_long_form,
         )
         self.metrics = EngineMetrics()
+        from oasr.engine.longform import LongForm
+
+        self.long_form = LongForm(self)
         self._lock = threading.RLock()
         self._step_lock = threading.Lock()
         self._requests: dict[str, Request] = {}
@@ -197,17 +205,38 @@ class Engine:
         self.strategy.validate(options, request_id)
         samples = torch.from_numpy(np.ascontiguousarray(self.load_audio(audio, sample_rate), dtype=np.float32))
         duration = samples.numel() / self.sample_rate
-        self.check_duration(duration, request_id)
+        plan = self.long_form.plan(samples, options, request_id)
+        if plan is None:
+            self.check_duration(duration, request_id)
+        elif self.config.max_audio_seconds is not None and duration > self.config.max_audio_seconds:
+            self.check_duration(duration, request_id)
+        request = Request(request_id, samples, options, priority, time.monotonic(), 0, self._cost(samples.numel()),
+                          duration, callback, plan=plan)
+        return request
+
+    def _cost(self, num_samples: int) -> int:
         if self.window_seconds is not None and not self.strategy.supports_long_form:
-            cost = round(self.window_seconds * self.sample_rate) // self._hop
-        else:
-            cost = samples.numel() // self._hop + 1
-        return Request(request_id, samples, options, priority, time.monotonic(), 0, cost, duration, callback)
+            return round(self.window_seconds * self.sample_rate) // self._hop
+        return num_samples // self._hop + 1
+
+    def _pieces(self, request: Request) -> list[Request]:
+        """A long-form request's pieces, as requests the scheduler batches like any other."""
+        out = []
+        for index, piece in enumerate(request.plan.pieces):
+            audio = self.long_form.piece_audio(request.audio, request.plan, piece)
+            out.append(Request(f"{request.request_id}#{index}", audio, request.options, request.priority,
+                               request.arrival, next(self._seq), self._cost(audio.numel()),
+                               audio.numel() / self.sample_rate, parent=request, piece=index))
+        return out
 
     def add_request(self, audio: Any, *, request_id: str | None = None, sample_rate: int | None = None,
                     decoding: DecodingOptions | None = None, priority: int = 0,
                     callback: OutputCallback | None = None) -> str:
         """Queue one offline request; returns its id.  Bad audio or options raise here, alone."""
+        return self._submit(audio, request_id, sample_rate, decoding, priority, callback).request_id
+
+    def _submit(self, audio: Any, request_id: str | None, sample_rate: int | None, decoding: DecodingOptions | None,
+                priority: int, callback: OutputCallback | None) -> Request:
         if self._streaming is not None:
             raise RequestError("this engine is in streaming mode: use add_streaming_request / feed_chunk, "
                                "or transcribe(..., streaming=True)")
@@ -220,9 +249,15 @@ class Engine:
                 raise EngineFullError(f"the engine queue is full ({self.config.max_queue} waiting requests)")
             request.seq = next(self._seq)
             self._requests[request.request_id] = request
-            self.scheduler.add(request)
             self.metrics.on_admit(request.duration)
-        return request.request_id
+            if request.plan is None:
+                self.scheduler.add(request)
+            elif not request.plan.pieces:  # vad_filter found no speech
+                self._finish(request, self.long_form.output(request))
+            else:
+                for piece in self._pieces(request):
+                    self.scheduler.add(piece)
+        return request
 
     def abort_request(self, request_id: str) -> bool:
         """Abort a waiting or running request; True if it was still pending."""
@@ -233,6 +268,8 @@ class Engine:
             if request is None or request.done.is_set():
                 return False
             self.scheduler.remove(request_id)
+            for index in range(len(request.plan.pieces) if request.plan is not None else 0):
+                self.scheduler.remove(f"{request_id}#{index}")
             self._finish(request, RequestOutput(request_id, finished=True, finish_reason="abort",
                                                 duration=request.duration))
             return True
@@ -261,6 +298,11 @@ class Engine:
             outputs = []
             with self._lock:
                 for request, result in zip(batch, results):
+                    if request.parent is not None:  # a long-form piece
+                        whole = self.long_form.collect(request, result)
+                        if whole is not None and not request.parent.done.is_set():
+                            outputs.append(self._finish(request.parent, whole))
+                        continue
                     if request.done.is_set():  # aborted while running
                         continue
                     outputs.append(self._finish(request, self._to_output(request, result)))
@@ -353,9 +395,7 @@ class Engine:
         requests: list[Request | RequestOutput] = []
         for item in items:
             try:
-                rid = self.add_request(item, sample_rate=sample_rate, decoding=decoding, callback=progress)
-                with self._lock:
-                    requests.append(self._requests[rid])
+                requests.append(self._submit(item, None, sample_rate, decoding, 0, progress))
             except OasrError as exc:
                 failed = RequestOutput(uuid.uuid4().hex, finished=True, finish_reason="error", error=str(exc))
                 self.metrics.on_finish("error")
@@ -416,6 +456,9 @@ class Engine:
 
     def add_streaming_request(self, *, request_id: str | None = None, sample_rate: int | None = None,
                               decoding: DecodingOptions | None = None, callback: OutputCallback | None = None) -> str:
+        if decoding is not None and decoding.vad_filter:
+            raise RequestError("vad_filter applies to offline requests; a stream is decoded as it arrives",
+                               param="vad_filter")
         return self._require_streaming().add(request_id=request_id, sample_rate=sample_rate, decoding=decoding,
                                              callback=callback)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from oasr.decoding.types import Segment, WordTiming
+from oasr.vad.options import VadOptions
 
 TASKS = ("transcribe", "translate")
 
@@ -97,11 +98,22 @@ class DecodingOptions:
     length_penalty: float | None = None
     max_new_tokens: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
     hotwords: tuple[str, ...] = attrs.field(default=(), converter=_tuple_of_str)
+    #: decode only the speech a voice activity detector finds (faster-whisper's ``vad_filter``);
+    #: the silence it skips is reported in ``RequestOutput.silences``
+    vad_filter: bool = False
+    #: VAD rules for ``vad_filter`` and for cutting long audio at silences (None: the defaults)
+    vad_options: VadOptions | None = None
 
     def requested(self) -> set[str]:
-        """Names of the fields set to something other than their default."""
+        """Names of the fields set to something other than their default (those the engine itself
+        honours for every family, ``ENGINE_OPTIONS``, left out)."""
         default = DecodingOptions()
-        return {f.name for f in attrs.fields(DecodingOptions) if getattr(self, f.name) != getattr(default, f.name)}
+        return {f.name for f in attrs.fields(DecodingOptions)
+                if f.name not in ENGINE_OPTIONS and getattr(self, f.name) != getattr(default, f.name)}
+
+
+#: DecodingOptions fields the engine honours for every family (long-form cutting, VAD)
+ENGINE_OPTIONS = frozenset({"vad_filter", "vad_options"})
 
 
 @attrs.define
@@ -125,3 +137,5 @@ class RequestOutput:
     #: labels a model predicts for the whole utterance beside its language, by kind (SenseVoice:
     #: ``{"emotion": "NEUTRAL", "event": "Speech", "text_norm": "woitn"}``); None when it predicts none
     tags: dict[str, str] | None = None
+    #: (start, end) seconds that ``vad_filter`` judged silent and did not decode
+    silences: list[tuple[float, float]] | None = None

@@ -107,6 +107,10 @@ class BaseAsrModel(nn.Module):
     encoder_options: ClassVar[frozenset[str]] = frozenset()
     #: attrs class of inference-time model options (``EngineConfig.model_options``)
     options_class: ClassVar[type] = NoModelOptions
+    #: the longest audio (seconds) this model decodes comfortably in one forward (memory, attention
+    #: cost); the engine cuts longer audio at VAD silences into segments of at most this (None: no
+    #: limit of its own; ``EngineConfig.long_form_seconds`` overrides it)
+    max_segment_seconds: ClassVar[float | None] = None
 
     encoder: BaseEncoder
 

@@ -166,6 +166,9 @@ class LasrForCtcModel(BaseAsrModel):
     config_class = LasrConfig
     #: BatchNorm's step counter is training state: never required from a checkpoint
     computed_buffer_suffixes = ("num_batches_tracked",)
+    #: full self-attention over 25 encoder frames a second: 120 s is 3 000 frames, 36 MB of scores per
+    #: head and layer; the engine cuts longer audio at silences rather than let the scores grow as T²
+    max_segment_seconds = 120.0
 
     def __init__(self, config: LasrConfig):
         super().__init__(config)

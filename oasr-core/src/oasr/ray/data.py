@@ -1,0 +1,213 @@
+"""Batch transcription of a corpus with Ray Data.
+
+The job: list the inputs (files, directories, globs, or manifests), skip those whose outputs already
+exist (a killed job resumes where it stopped), decode each remaining file to 16 kHz mono in a Ray task,
+and run an actor pool of engines over the decoded audio with ``map_batches``.  Each worker builds one
+engine (one torch thread by default), decodes its batch with the engine's own cross-request batching,
+and writes each file's outputs atomically (a temporary file renamed into place), so a file either has
+all its outputs or none.  A worker that dies is restarted and its batch retried by Ray Data; a retried
+file rewrites the same content, so nothing is lost or duplicated.
+
+Resources: a worker reserves ``worker_cpus`` (0.9) of a logical CPU and a decode task ``decode_cpus``
+(0.1), so N workers and their audio decoding fit a cluster of N CPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from oasr.ray import require_ray
+
+#: audio is decoded to this rate in the Ray tasks; the engine resamples if its model wants another
+DECODE_RATE = 16000
+#: inputs with these suffixes are manifests: one audio path per line (``.txt``, ``.list``) or JSON
+#: lines with an ``audio`` (or ``path``) field (``.jsonl``); relative paths are relative to the manifest
+MANIFEST_SUFFIXES = (".txt", ".list", ".jsonl")
+
+#: (engine, decoding options, render) where ``render(output)`` gives one text per output format
+WorkerParts = tuple[Any, Any, Callable[[Any], list[str]]]
+
+
+@attrs.define
+class DatasetSummary:
+    """What a job did: files transcribed now, files skipped as already finished, and failures."""
+
+    transcribed: list[str] = attrs.field(factory=list)
+    skipped: list[str] = attrs.field(factory=list)
+    failed: dict[str, str] = attrs.field(factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+def read_manifest(path: Path) -> list[tuple[Path, Path]]:
+    """(audio file, output-relative path) for each entry of a manifest."""
+    from oasr.errors import ConfigError
+
+    entries = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if path.suffix == ".jsonl":
+            try:
+                record = json.loads(line)
+                line = record.get("audio") or record["path"]
+            except (json.JSONDecodeError, KeyError, AttributeError):
+                raise ConfigError(f"{path}:{number}: expected a JSON object with an 'audio' field, got {line[:80]!r}",
+                                  key="manifest") from None
+        audio = Path(line) if Path(line).is_absolute() else path.parent / line
+        if not audio.is_file():
+            raise ConfigError(f"{path}:{number}: {audio} is not a file", key="manifest")
+        rel = audio.relative_to(path.parent) if audio.is_relative_to(path.parent) else Path(audio.name)
+        entries.append((audio, rel))
+    return entries
+
+
+def list_inputs(inputs: Sequence[str | os.PathLike]) -> list[tuple[Path, Path]]:
+    """(file, path relative to its input root): files, directories, globs (as ``oasr transcribe``) and manifests."""
+    from oasr.transcribe_cli import expand_inputs
+
+    out: list[tuple[Path, Path]] = []
+    for item in inputs:
+        path = Path(item)
+        if path.is_file() and path.suffix.lower() in MANIFEST_SUFFIXES:
+            out.extend(read_manifest(path))
+        else:
+            out.extend(expand_inputs([str(item)]))
+    seen: set[Path] = set()
+    return [(p, rel) for p, rel in out if not (p.resolve() in seen or seen.add(p.resolve()))]
+
+
+def output_paths(output_dir: Path, files: list[tuple[Path, Path]], formats: Sequence[str]) -> list[list[Path]]:
+    """The files each input writes: the input tree mirrored under ``output_dir``, one file per format,
+    exactly as the in-process ``oasr transcribe -o DIR`` lays them out."""
+    from oasr.transcribe_cli import _destinations
+
+    return _destinations(str(output_dir), files, tuple(formats), True)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f".{path.name}.{uuid.uuid4().hex}.part")
+    part.write_text(text, encoding="utf-8")
+    os.replace(part, path)
+
+
+def _decode(row: dict[str, Any], *, max_seconds: float | None) -> dict[str, Any]:
+    """A Ray task: one file → 16 kHz mono float32 samples (or the decoding error)."""
+    from oasr.audio import load
+    from oasr.errors import OasrError
+
+    try:
+        samples = load(row["path"], DECODE_RATE, max_seconds=max_seconds)
+        return {**row, "samples": samples, "error": ""}
+    except OasrError as exc:
+        return {**row, "samples": np.zeros(0, dtype=np.float32), "error": str(exc)}
+
+
+class _Transcriber:
+    """An actor of the pool: one engine, fed one batch of decoded files at a time."""
+
+    def __init__(self, factory: Callable[[], WorkerParts]):
+        self.engine, self.decoding, self.render = factory()
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list[str]]:
+        paths = [str(p) for p in batch["path"]]
+        errors = [str(e) for e in batch["error"]]
+        dests = [json.loads(str(d)) for d in batch["dests"]]
+        todo = [i for i, e in enumerate(errors) if not e]
+        if todo:
+            outputs = self.engine.transcribe_outputs([np.asarray(batch["samples"][i], dtype=np.float32) for i in todo],
+                                                     sample_rate=DECODE_RATE, decoding=self.decoding)
+            for i, output in zip(todo, outputs, strict=True):
+                if output.finish_reason == "error":
+                    errors[i] = output.error or "failed"
+                    continue
+                for dest, text in zip(dests[i], self.render(output), strict=True):
+                    _write_atomically(Path(dest), text)
+        return {"path": paths, "error": errors}
+
+
+def engine_factory(config: Any, decoding: Any, formats: Sequence[str]) -> Callable[[], WorkerParts]:
+    """A worker factory for the Python API: an engine of ``config``, requests with ``decoding``."""
+
+    def build() -> WorkerParts:
+        from oasr.engine import DecodingOptions, Engine
+        from oasr.engine.formats import render
+
+        engine = Engine(config)
+        options = decoding or DecodingOptions()
+        return engine, options, lambda out: [render(out, fmt, task=options.task) for fmt in formats]
+
+    return build
+
+
+def run_job(files: list[tuple[Path, Path]], dests: list[list[Path]], factory: Callable[[], WorkerParts], *,
+            workers: int = 2, batch_size: int = 8, max_seconds: float | None = None, progress: bool = True,
+            worker_cpus: float = 0.9, decode_cpus: float = 0.1, ray_address: str | None = None) -> DatasetSummary:
+    """Transcribe ``files`` into ``dests`` (one list of paths per file) on Ray; see the module docstring."""
+    ray = require_ray("data")
+    from tqdm import tqdm
+
+    summary = DatasetSummary()
+    rows = []
+    for (path, _rel), targets in zip(files, dests, strict=True):
+        if all(t.is_file() for t in targets):
+            summary.skipped.append(str(path))
+        else:
+            rows.append({"path": str(path), "dests": json.dumps([str(t) for t in targets])})
+    if not rows:
+        return summary
+    if not ray.is_initialized():
+        ray.init(address=ray_address, include_dashboard=False, log_to_driver=False,
+                 **({} if ray_address else {"num_cpus": max(workers, os.cpu_count() or 1)}))
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    ds = ray.data.from_items(rows, override_num_blocks=min(len(rows), max(1, workers) * 4))
+    ds = ds.map(_decode, fn_kwargs={"max_seconds": max_seconds}, num_cpus=decode_cpus)
+    ds = ds.map_batches(_Transcriber, fn_constructor_kwargs={"factory": factory}, batch_size=batch_size,
+                        batch_format="numpy", concurrency=workers, num_cpus=worker_cpus)
+    done: dict[str, str] = {}
+    with tqdm(total=len(rows), unit="file", disable=not progress) as bar:
+        for row in ds.iter_rows():
+            path = str(row["path"])
+            if path not in done:  # a retried batch reports its files again
+                bar.update(1)
+            done[path] = str(row["error"])
+    for row in rows:
+        error = done.get(row["path"], "no result (the job ended early)")
+        if error:
+            summary.failed[row["path"]] = error
+        else:
+            summary.transcribed.append(row["path"])
+    return summary
+
+
+def transcribe_dataset(inputs: Sequence[str | os.PathLike], output_dir: str | os.PathLike, *, model: str | None = None,
+                       config: Any = None, decoding: Any = None, formats: Sequence[str] = ("text",),
+                       workers: int = 2, batch_size: int = 8, threads_per_worker: int = 1, progress: bool = True,
+                       ray_address: str | None = None) -> DatasetSummary:
+    """Transcribe every input (files, directories, globs, manifests) into ``output_dir`` on Ray Data.
+
+    ``config`` (an :class:`~oasr.engine.EngineConfig`; default: ``model`` with ``threads_per_worker``
+    torch threads) is built once per worker; ``decoding`` (:class:`~oasr.engine.DecodingOptions`)
+    applies to every file; ``formats`` are ``oasr transcribe``'s (``text``, ``json``, ``verbose_json``,
+    ``srt``, ``vtt``, ``txt``, ``tsv``).  Files whose outputs all exist are skipped (resume).
+    """
+    from oasr.engine import EngineConfig
+
+    config = config or EngineConfig(model=model, num_threads=threads_per_worker)
+    files = list_inputs(inputs)
+    dests = output_paths(Path(output_dir), files, formats)
+    return run_job(files, dests, engine_factory(config, decoding, formats), workers=workers, batch_size=batch_size,
+                   max_seconds=config.max_audio_seconds, progress=progress, ray_address=ray_address)

@@ -1,0 +1,174 @@
+"""Long-form audio through the public Engine API: cut at VAD silences, pieces batched, results stitched."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from oasr.engine import DecodingOptions, Engine, EngineConfig
+from oasr.engine.longform import Piece, cut_region
+from oasr.vad import VadOptions, get_speech_timestamps
+from tests.engine.conftest import synth
+from tests.vad import _audio
+
+RATE = 16000
+
+
+class AllSpeech:
+    """A VAD stub that hears speech everywhere (continuous speech: nothing to cut at)."""
+
+    def probabilities(self, audio):
+        return np.ones(len(audio) // 512 + 1, np.float32)
+
+
+@pytest.fixture(scope="module")
+def wenet_dir(fixtures_dir):
+    return str(fixtures_dir / "wenet_u2pp" / "model")
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory):
+    clips = _audio.sentence_clips(tmp_path_factory.mktemp("longform_espeak"))
+    return _audio.join(clips, [0.8, 0.9, 1.2, 0.7, 2.5, 1.0, 0.8, 1.1, 0.6])
+
+
+def _engine(model: str, **config) -> Engine:
+    return Engine(EngineConfig(model=model, **config))
+
+
+def test_cut_region_overlaps_continuous_speech():
+    silent = np.zeros(2000, bool)
+    pieces = cut_region(0, 200_000, silent, limit=48_000, overlap=16_000, align=640, window=512, min_run=3,
+                        rate=RATE)
+    assert all(p.end - p.start <= 48_000 for p in pieces)
+    assert pieces[0].start == 0 and pieces[-1].end == 200_000
+    for a, b in zip(pieces, pieces[1:]):
+        assert b.start < a.end  # they overlap
+        assert a.keep_until == b.keep_from and b.start / RATE < b.keep_from < a.end / RATE
+        assert round(a.keep_until * RATE) % 640 == 0 and b.start % 640 == 0
+
+
+def test_cut_region_cuts_in_the_longest_silence():
+    silent = np.zeros(500, bool)
+    silent[60:64] = True  # windows 60-63: 30720..32768 (inside the second half of a 48000 stretch)
+    silent[70:80] = True  # the longest: 35840..40960
+    pieces = cut_region(0, 100_000, silent, limit=48_000, overlap=16_000, align=640, window=512, min_run=3,
+                        rate=RATE)
+    assert pieces[0] == Piece(0, 38400)  # the middle of windows 70-79, on a 640-sample frame stride
+    assert pieces[1].start == 38400 and pieces[1].keep_from == -math.inf  # a clean cut: no overlap
+
+
+def test_continuous_speech_split_with_overlap_equals_whole(tinyctc_dir):
+    """tinyctc sees a few frames either side of each output frame, so pieces that overlap by 1 s and
+    meet mid-overlap must give exactly the tokens of the whole audio: none duplicated, none lost."""
+    audio = np.concatenate([synth(7.0, seed) for seed in range(6)])  # 42 s
+    whole = _engine(str(tinyctc_dir), max_batch_size=1).transcribe_outputs(audio)
+    cut = _engine(str(tinyctc_dir), long_form_seconds=8.0)
+    cut.long_form.vad = AllSpeech()
+    out = cut.transcribe_outputs(audio, decoding=DecodingOptions(word_timestamps=True))
+    assert len(out.segments) >= 6
+    assert out.tokens == whole.tokens
+    assert out.text == whole.text
+    starts = [s.start for s in out.segments]
+    assert starts == sorted(starts) and out.segments[0].start == 0.0
+    assert out.segments[-1].end == pytest.approx(len(audio) / RATE, abs=1e-3)
+    for a, b in zip(out.segments, out.segments[1:]):
+        assert a.end == b.start  # pieces meet: the timeline is covered once
+    times = [w.start for w in out.words]
+    assert times == sorted(times)
+    assert out.silences is None
+
+
+def test_wenet_long_audio_is_cut_at_silences(wenet_dir, recording):
+    engine = _engine(wenet_dir, long_form_seconds=10.0)
+    out = engine.transcribe_outputs(recording.audio)
+    assert out.finish_reason == "stop"
+    segments = out.segments
+    assert len(segments) >= 5
+    assert segments[0].start == 0.0 and segments[-1].end == pytest.approx(len(recording.audio) / RATE, abs=1e-3)
+    for a, b in zip(segments, segments[1:]):
+        assert a.end == b.start
+        cut = a.end * RATE
+        assert not any(s + 1600 < cut < e - 1600 for s, e in recording.spans), f"cut at {a.end} s inside a sentence"
+    assert all(s.end - s.start <= 10.0 + 1e-6 for s in segments)
+    # each piece decoded alone gives the piece's tokens: the stitching keeps every token, in order
+    alone = _engine(wenet_dir)
+    pieces = alone.transcribe_outputs([recording.audio[round(s.start * RATE):round(s.end * RATE)] for s in segments])
+    assert [s.tokens for s in segments] == [p.tokens for p in pieces]
+    assert out.tokens == [t for p in pieces for t in p.tokens]
+
+
+def test_family_declared_limit(wenet_dir, recording):
+    from oasr.models.loading import load_pretrained
+
+    loaded = load_pretrained(wenet_dir)
+    loaded.model.max_segment_seconds = 12.0  # what a family declares on its model class
+    engine = Engine(EngineConfig(model=wenet_dir), loaded=loaded)
+    out = engine.transcribe_outputs(recording.audio)
+    assert len(out.segments) >= 4 and all(s.end - s.start <= 12.0 + 1e-6 for s in out.segments)
+    short = engine.transcribe_outputs(recording.audio[: 8 * RATE])
+    assert len(short.segments) == 1  # below the limit: decoded whole
+
+
+def test_vad_filter_decodes_speech_only(wenet_dir, recording):
+    options = VadOptions(min_silence_duration_ms=500, speech_pad_ms=200)
+    engine = _engine(wenet_dir)
+    out = engine.transcribe_outputs(recording.audio, decoding=DecodingOptions(vad_filter=True, vad_options=options))
+    spans = get_speech_timestamps(recording.audio, options)
+    assert len(spans) >= 6
+    assert [(s.start, s.end) for s in out.segments] == [(round(s.start / RATE, 3), round(s.end / RATE, 3))
+                                                          for s in spans]
+    # the silences are the rest of the audio, reported as such
+    edges = [0.0] + [x for s in out.segments for x in (s.start, s.end)] + [round(len(recording.audio) / RATE, 3)]
+    assert out.silences == [(a, b) for a, b in zip(edges[::2], edges[1::2]) if b > a]
+    assert sum(b - a for a, b in out.silences) > 5.0
+    alone = engine.transcribe_outputs([recording.audio[s.start:s.end] for s in spans])
+    assert out.tokens == [t for p in alone for t in p.tokens]
+
+
+def test_vad_filter_on_silence(wenet_dir):
+    engine = _engine(wenet_dir)
+    quiet = (0.001 * np.random.default_rng(0).standard_normal(5 * RATE)).astype(np.float32)
+    out = engine.transcribe_outputs(quiet, decoding=DecodingOptions(vad_filter=True))
+    assert out.finish_reason == "stop" and out.text == "" and out.tokens == []
+    assert out.silences == [(0.0, 5.0)]
+
+
+def test_long_form_batches_pieces_across_requests(wenet_dir, recording):
+    engine = _engine(wenet_dir, long_form_seconds=10.0, max_batch_size=16)
+    first = engine.add_request(recording.audio)
+    second = engine.add_request(recording.audio[: 30 * RATE])
+    queued = len(engine.scheduler)
+    assert queued >= 7  # pieces of both requests wait as requests of their own
+    outputs = {o.request_id: o for o in engine.run()}
+    assert set(outputs) == {first, second}
+    assert engine.metrics_snapshot()["queue_depth"] == 0
+    single = _engine(wenet_dir, long_form_seconds=10.0, max_batch_size=1).transcribe_outputs(recording.audio)
+    assert outputs[first].tokens == single.tokens
+
+
+def test_abort_removes_the_pieces(wenet_dir, recording):
+    engine = _engine(wenet_dir, long_form_seconds=10.0)
+    rid = engine.add_request(recording.audio)
+    assert len(engine.scheduler) > 1
+    assert engine.abort_request(rid)
+    assert len(engine.scheduler) == 0 and not engine.has_unfinished_requests()
+
+
+def test_streaming_refuses_vad_filter(wenet_dir):
+    from oasr.errors import RequestError
+
+    engine = _engine(wenet_dir, service_mode="streaming", chunk_size=4)
+    with pytest.raises(RequestError, match="vad_filter"):
+        engine.add_streaming_request(decoding=DecodingOptions(vad_filter=True))
+
+
+def test_vad_options_travel_through_serde():
+    from oasr import serde
+
+    options = DecodingOptions(vad_filter=True, vad_options=VadOptions(threshold=0.6, max_speech_duration_s=20.0))
+    assert serde.structure(serde.unstructure(options), DecodingOptions) == options
+    assert DecodingOptions(vad_filter=True).requested() == set()  # engine-level: no family refuses it
+    assert math.isinf(VadOptions().max_speech_duration_s)
