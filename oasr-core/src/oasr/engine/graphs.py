@@ -9,9 +9,8 @@ is copied into the graph's static input buffers first:
   synchronisation and no shape that depends on tensor values;
 - the backend keeps state the graph can read: ``slot`` state is gathered into fixed-shape tensors
   per cohort (the gather and scatter stay outside the graph), so each batch size is one graph;
-- ``paged`` state is refused: the executor gathers a dense K/V view whose width follows each stream's
-  history (only an encoder with ``fixed_attention_window``, prefilled, would have one width — this
-  executor does not prefill), so a graph would read a buffer of the batch it was captured on;
+- ``paged`` state is refused: the backend gathers a dense K/V view whose width follows each stream's
+  history, so a graph would read a buffer of the batch it was captured on;
 - ``stateful`` encoders keep dense per-stream state they allocate themselves: refused.
 
 ``EngineConfig.cuda_graphs=False`` switches capture off.  On the CPU there is nothing to capture.

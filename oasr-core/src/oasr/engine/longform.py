@@ -218,7 +218,7 @@ class LongForm:
                 failed.error = (f"segment {index} ({piece.start / self.rate:.2f}-{piece.end / self.rate:.2f} s): "
                                 f"{failed.error}")
                 return failed
-        from oasr.engine.engine import build_output
+        from oasr.engine.outputs import build_output
 
         if plan.joined is not None:
             hyp = self._unjoin(plan.results[0], plan.joined) if plan.results else Hypothesis(tokens=[], text="",

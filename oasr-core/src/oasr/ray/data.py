@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from oasr.ray import require_ray
+from oasr.ray.requirement import require_ray
 
 #: audio is decoded to this rate in the Ray tasks; the engine resamples if its model wants another
 DECODE_RATE = 16000

@@ -25,7 +25,7 @@ import sys
 import threading
 from typing import Any
 
-from oasr.ray import require_ray
+from oasr.ray.requirement import require_ray
 
 
 def deployment(config: Any, settings: Any, *, replicas: int = 1, autoscaling: dict[str, Any] | None = None,
