@@ -49,10 +49,6 @@ class ParaformerModel(BaseAsrModel):
     def capabilities(self) -> frozenset[str]:
         return frozenset({"paraformer"})
 
-    @property
-    def default_decode_type(self) -> str:
-        return "paraformer"
-
     def remap_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out = super().remap_state_dict(state_dict)
         weight, bias = out.pop(UPSAMPLE_SOURCE + "weight", None), out.pop(UPSAMPLE_SOURCE + "bias", None)

@@ -47,10 +47,6 @@ class SenseVoiceModel(BaseAsrModel):
     def capabilities(self) -> frozenset[str]:
         return frozenset({"sensevoice"})
 
-    @property
-    def default_decode_type(self) -> str:
-        return "sensevoice"
-
     def queries(self, language_rows: torch.Tensor, text_norm_row: int) -> torch.Tensor:
         """(B,) language rows → the (B, 4, input_size) query prefix."""
         batch = language_rows.shape[0]

@@ -67,10 +67,6 @@ class ConformerModel(BaseAsrModel):
             return frozenset({"ctc"})
         return frozenset({"ctc", "ctc_aed_rescoring"})
 
-    @property
-    def default_decode_type(self) -> str:
-        return "ctc"
-
     def encode_offline(self, feats: torch.Tensor, feat_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.encoder(feats, feat_lens, chunk_size=self.options.decoding_chunk_size,
                             num_left_chunks=self.options.num_decoding_left_chunks)

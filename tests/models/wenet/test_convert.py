@@ -51,7 +51,6 @@ def test_from_pretrained_by_detection_matches_wenet(model_dir, refs):
     model = oasr.from_pretrained(model_dir)
     assert type(model).__name__ == "ConformerModel"
     assert model.capabilities == {"ctc", "ctc_aed_rescoring"}
-    assert model.default_decode_type == "ctc"
     assert_rel(_offline(model, refs["clip1"]["fbank"]), refs["clip1"]["offline.ctc_log_probs"])
 
 

@@ -140,7 +140,7 @@ class Engine:
         """The strategy of the requested (or the model's default) decode method; its declared
         requirements are checked against the model here, at construction."""
         model = self.model
-        method = self.config.decode_method or model.default_decode_type
+        method = self.config.decode_method or self.loaded.decoding_defaults.decode_type
         _, _, bare = method.rpartition(":")
         if bare not in model.capabilities:
             raise CapabilityError(

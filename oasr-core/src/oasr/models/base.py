@@ -127,15 +127,12 @@ class BaseAsrModel(nn.Module):
     def from_config(cls, config: BaseModelConfig) -> BaseAsrModel:
         return cls(config)
 
-    # -- decode families ------------------------------------------------------------------------
+    # -- decode methods -------------------------------------------------------------------------
     @property
     def capabilities(self) -> frozenset[str]:
-        """The decode families this checkpoint can serve."""
+        """The decode methods (registered strategy names) this checkpoint can be decoded with; the
+        one used unless the caller names another is the checkpoint's ``DecodingDefaults.decode_type``."""
         return frozenset()
-
-    @property
-    def default_decode_type(self) -> str:
-        raise NotImplementedError(f"{type(self).__name__} must define default_decode_type")
 
     # -- forward surfaces ---------------------------------------------------------------------------
     def encode_offline(self, feats: torch.Tensor, feat_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -69,8 +69,10 @@ class FeatureSpec:
 class DecodingDefaults:
     """How a checkpoint is decoded unless the caller says otherwise.
 
-    ``decode_type`` is the default decode family; the ids are the ones the model was trained with.
-    ``options`` carries family-specific defaults (beam sizes, weights).
+    ``decode_type`` is the decode method the engine uses unless ``EngineConfig.decode_method`` names
+    another (one of the model's ``capabilities``); the ids are the ones the model was trained with,
+    for strategies that drop or stop on them.  ``options`` carries family-specific defaults (beam
+    sizes, weights).
     """
 
     decode_type: str

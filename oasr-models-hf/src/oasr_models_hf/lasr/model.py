@@ -179,10 +179,6 @@ class LasrForCtcModel(BaseAsrModel):
     def capabilities(self) -> frozenset[str]:
         return frozenset({"ctc"})
 
-    @property
-    def default_decode_type(self) -> str:
-        return "ctc"
-
     def remap_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The upstream k=1 ``Conv1d`` head (V, D, 1) becomes the projection's (V, D) weight."""
         out = dict(super().remap_state_dict(state_dict))

@@ -131,10 +131,6 @@ class SpeechLlmModel(BaseAsrModel):
     def capabilities(self) -> frozenset[str]:
         return frozenset({"llm"})
 
-    @property
-    def default_decode_type(self) -> str:
-        return "llm"
-
     def _tied(self) -> bool:
         lm = self.language_model
         return lm.lm_head.weight is lm.model.embed_tokens.weight

@@ -426,10 +426,6 @@ class WhisperModel(BaseAsrModel):
     def capabilities(self) -> frozenset[str]:
         return frozenset({"aed"})
 
-    @property
-    def default_decode_type(self) -> str:
-        return "aed"
-
     def _tied(self) -> bool:
         return self.decoder.proj_out.weight is self.decoder.embed_tokens.weight
 

@@ -58,10 +58,6 @@ class TinyCtcModel(BaseAsrModel):
     def capabilities(self) -> frozenset[str]:
         return frozenset({"ctc"})
 
-    @property
-    def default_decode_type(self) -> str:
-        return "ctc"
-
     def encode_offline(self, feats, feat_lens):
         return self.encoder(feats, feat_lens)
 

@@ -147,10 +147,6 @@ class ToyFrameModel(BaseAsrModel):
     def capabilities(self) -> frozenset[str]:
         return frozenset({"framewise"})
 
-    @property
-    def default_decode_type(self) -> str:
-        return "framewise"
-
     def encode(self, feats: torch.Tensor, feat_lens: torch.Tensor, prompts: torch.Tensor | None = None):
         return self.encoder(feats, feat_lens, prompts)
 
