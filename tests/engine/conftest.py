@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.helpers import ensure_tinyctc_importable, tinyctc_registered
+from tests.helpers import ensure_tinyctc_importable, tinyctc_registered, toyfamily_registered
 
 ensure_tinyctc_importable()
 
@@ -31,3 +31,15 @@ def synth(seconds: float, seed: int, sr: int = 16000) -> np.ndarray:
     x += 0.2 * pulses * rng.standard_normal(n)
     x += 0.01 * rng.standard_normal(n)
     return np.clip(x, -1, 1).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def toy_dirs(tmp_path_factory):
+    """The example family's toyframe checkpoints, one per streaming kind (slot, stateful)."""
+    with toyfamily_registered():
+        from oasr_toyfamily.convert import write_checkpoint
+        from oasr_toyfamily.model import ToyFrameConfig
+
+        root = tmp_path_factory.mktemp("toyframe")
+        yield {kind: write_checkpoint(root / kind, ToyFrameConfig(streaming_kind=kind), seed=3)
+               for kind in ("slot", "stateful")}

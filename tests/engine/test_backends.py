@@ -18,20 +18,8 @@ from oasr.engine.backends import BACKENDS, SlotBackend, StatefulBackend, build_b
 from oasr.errors import CapabilityError, RequestError
 from oasr.models import BaseEncoder
 from tests.engine.conftest import synth
-from tests.helpers import toyfamily_registered
 
 SECONDS = [0.8 + 0.17 * i for i in range(16)]
-
-
-@pytest.fixture(scope="module")
-def toy_dirs(tmp_path_factory):
-    with toyfamily_registered():
-        from oasr_toyfamily.convert import write_checkpoint
-        from oasr_toyfamily.model import ToyFrameConfig
-
-        root = tmp_path_factory.mktemp("toyframe")
-        yield {kind: write_checkpoint(root / kind, ToyFrameConfig(streaming_kind=kind), seed=3)
-               for kind in ("slot", "stateful")}
 
 
 @pytest.fixture(scope="module")

@@ -346,6 +346,33 @@ def load(source: AudioSource, target_rate: int = 16000, *, sample_rate: int | No
     return np.ascontiguousarray(samples)
 
 
+def stream_chunk(samples: Any, what: str = "stream chunk") -> np.ndarray:
+    """One piece of a live stream → 1-D float32 samples in [-1, 1], with the same rules as :func:`load`
+    for raw arrays (int PCM scaled, channels on either axis averaged, finite, floats within range).
+
+    ``bytes`` are PCM16 little-endian mono.  An empty chunk is allowed (a stream may end with one);
+    rate conversion is the stream's business (it keeps the resampler state between chunks).
+    """
+    if _is_tensor(samples):
+        samples = samples.detach().cpu()
+        samples = (samples.float() if samples.is_floating_point() else samples).numpy()
+    if isinstance(samples, (bytes, bytearray, memoryview)):
+        raw = bytes(samples)
+        if len(raw) % 2:
+            raise AudioError(f"audio {what}: PCM16 bytes must hold whole 16-bit samples, got {len(raw)} bytes",
+                             source=what)
+        samples = np.frombuffer(raw, dtype="<i2")
+    array = np.asarray(samples)
+    data = _mono_from_array(array, what)
+    if not np.isfinite(data).all():
+        bad = int((~np.isfinite(data)).sum())
+        raise AudioError(f"audio {what} contains {bad} non-finite (NaN or Inf) samples", source=what)
+    if data.size and array.dtype.kind == "f" and float(np.abs(data).max()) > MAX_FLOAT_PEAK:
+        raise AudioError(f"audio {what}: float samples must lie in [-1, 1], got a peak of "
+                         f"{float(np.abs(data).max()):g} (int16-scaled audio? divide by 32768)", source=what)
+    return data
+
+
 def duration_seconds(source: AudioSource, *, sample_rate: int | None = None) -> float:
     """Duration of ``source`` in seconds (metadata when the container has it, else a counting decode)."""
     what = describe_source(source)

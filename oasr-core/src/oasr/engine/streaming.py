@@ -25,6 +25,7 @@ import attrs
 import numpy as np
 import torch
 
+from oasr.audio import stream_chunk
 from oasr.engine.backends import PagedBackend, SlotBackend, build_backend
 from oasr.engine.graphs import StepGraphs, graph_refusal
 from oasr.engine.options import DecodingOptions, RequestOutput
@@ -152,7 +153,7 @@ class StreamingExecutor:
                 raise RequestError(f"no active stream {request_id!r}", request_id=request_id)
             if stream.is_last:
                 raise RequestError(f"stream {request_id!r} already received its last chunk", request_id=request_id)
-        data = _as_mono_float(samples, request_id)
+        data = stream_chunk(samples, f"of stream {request_id}")
         if stream.resampler is not None:
             data = stream.resampler.resample_chunk(data, last=is_last)
         with self.lock:
@@ -382,24 +383,3 @@ class StreamingExecutor:
             if not pending:
                 break
         return results
-
-
-def _as_mono_float(samples: Any, request_id: str) -> np.ndarray:
-    if isinstance(samples, torch.Tensor):
-        samples = samples.detach().cpu().numpy()
-    if isinstance(samples, (bytes, bytearray, memoryview)):
-        data = np.frombuffer(bytes(samples), dtype="<i2").astype(np.float32) / 32768.0
-    else:
-        data = np.asarray(samples)
-        if data.dtype == np.int16:
-            data = data.astype(np.float32) / 32768.0
-        data = data.astype(np.float32, copy=False)
-    if data.ndim == 2:
-        data = data.mean(axis=0 if data.shape[0] < data.shape[1] else 1)
-    if data.ndim != 1:
-        raise RequestError(f"stream {request_id}: expected 1-D samples, got shape {data.shape}",
-                           request_id=request_id, param="samples")
-    if not np.isfinite(data).all():
-        raise RequestError(f"stream {request_id}: samples contain NaN or infinity", request_id=request_id,
-                           param="samples")
-    return np.ascontiguousarray(data)

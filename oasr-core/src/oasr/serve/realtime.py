@@ -356,7 +356,7 @@ class RealtimeSession:
         item.samples += len(samples)
         if item.handle is not None:
             try:
-                await self.runner.feed(item.handle.request_id, samples.astype(np.float32) / 32768.0)
+                await self.runner.feed(item.handle.request_id, samples)
             except OasrError as exc:
                 raise EventError(f"the audio could not be fed: {exc}", code="invalid_audio", param="audio") from None
         else:
