@@ -104,6 +104,7 @@ class Engine:
 
         self.tokenizer = build_tokenizer(loaded.tokenizer_spec, loaded.tokenizer_root)
         self.feature_config = FeatureConfig.from_spec(loaded.feature_spec)
+        self.feature_config.check_frontend()
         self.sample_rate = int(self.feature_config.sample_rate)
         self.strategy = self._build_strategy()
         self.window_seconds: float | None = getattr(self.feature_config, "fixed_window_seconds", None)

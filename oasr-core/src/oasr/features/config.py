@@ -1,9 +1,11 @@
 """FeatureConfig: everything a frontend needs to turn [-1, 1] samples into model input features.
 
 The engine materializes it from the checkpoint's :class:`oasr.models.FeatureSpec`
-(:meth:`FeatureConfig.from_spec`) unless the caller gives one.  It is validated when built: an
-unregistered ``feature_type`` fails here, naming the registered kinds, and so does an unknown
-``normalize`` mode or ``options`` key.
+(:meth:`FeatureConfig.from_spec`) unless the caller gives one.  A FeatureConfig is a plain value:
+constructing one checks its own fields (positive sizes, a known ``normalize`` mode) and consults
+no registry.  What depends on the frontend — a registered ``feature_type``, the ``options`` keys it
+reads, its own value checks — is checked by :meth:`FeatureConfig.check_frontend`, which runs where
+an extractor is built (:func:`oasr.features.build_extractor`) and when the engine is constructed.
 
 Field meanings (Kaldi's names and defaults where Kaldi has the option):
 
@@ -75,7 +77,6 @@ class FeatureConfig:
     options: dict[str, Any] = attrs.field(factory=dict, converter=_options)
 
     def __attrs_post_init__(self) -> None:
-        spec = self.extractor_spec()  # fails for an unregistered feature_type
         positive = {"sample_rate": self.sample_rate, "num_mel_bins": self.num_mel_bins,
                     "frame_length_ms": self.frame_length_ms, "frame_shift_ms": self.frame_shift_ms,
                     "audio_scale": self.audio_scale, "lfr_m": self.lfr_m, "lfr_n": self.lfr_n}
@@ -103,19 +104,25 @@ class FeatureConfig:
         if self.normalize not in NORMALIZE_MODES:
             raise ConfigError(f"FeatureConfig.normalize {self.normalize!r} is not one of "
                               f"{', '.join(repr(m) for m in NORMALIZE_MODES)}", key="normalize")
+        for key in NORMALIZE_OPTION_KEYS.get(self.normalize, ()):
+            if key not in self.options:
+                raise ConfigError(f"normalize={self.normalize!r} needs options[{key!r}]", key="options")
+
+    def check_frontend(self) -> ExtractorSpec:
+        """The registered frontend of ``feature_type``, once this config is checked against it: the
+        ``options`` it reads and its own value checks (``ExtractorSpec.validate``)."""
+        spec = self.extractor_spec()  # fails for an unregistered feature_type
         allowed = set(spec.option_keys) | set(NORMALIZE_OPTION_KEYS.get(self.normalize, ()))
         unknown = sorted(set(self.options) - allowed)
         if unknown:
             raise ConfigError(f"FeatureConfig.options {unknown} are not read by feature_type {self.feature_type!r}"
                               f"{' with normalize=' + repr(self.normalize) if self.normalize else ''}; accepted: "
                               f"{', '.join(sorted(allowed)) or '(none)'}", key="options")
-        for key in NORMALIZE_OPTION_KEYS.get(self.normalize, ()):
-            if key not in self.options:
-                raise ConfigError(f"normalize={self.normalize!r} needs options[{key!r}]", key="options")
         if spec.validate is not None:
             from oasr.imports import import_target
 
             import_target(spec.validate)(self)
+        return spec
 
     @classmethod
     def from_spec(cls, spec: FeatureSpec, **overrides: Any) -> FeatureConfig:

@@ -93,7 +93,8 @@ def get_extractor_spec(kind: str) -> ExtractorSpec:
 
 
 def build_extractor(config: FeatureConfig) -> FeatureExtractor:
-    """Resolve ``config.feature_type`` to its frontend, importing its functions now."""
-    spec = get_extractor_spec(config.feature_type)
+    """Resolve ``config.feature_type`` to its frontend, check the config against it and import its
+    functions now."""
+    spec = config.check_frontend()
     streaming_fn = import_target(spec.streaming_fn) if spec.streaming_fn is not None else None
     return FeatureExtractor(spec, config, import_target(spec.fn), streaming_fn, spec.framing_for(config))
