@@ -202,6 +202,28 @@ def test_a_custom_prompt_and_a_language_reach_the_model(ours64, hf64, hf_llm, sp
         engine.add_request(speech[0], decoding=DecodingOptions(language="xx"))
 
 
+def test_generate_over_a_left_padded_batch_equals_ours_batched(ours64, hf64, hf_llm, speech):
+    _, processor = hf_llm
+    engine = _engine(ours64, max_batch_size=8, max_pad_ratio=100.0)
+    instruction = engine.strategy.instruction(DecodingOptions())
+    fe = _features(processor, speech)
+    counts = hf64.model.audio_tower._get_feat_extract_output_lengths(fe.attention_mask.sum(-1))[1]
+    prompts = [_hf_prompt(processor, int(n), instruction)[0] for n in counts]
+    longest = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), longest), ours64.config.prompt.eos_token_ids[0], dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, p in enumerate(prompts):
+        ids[r, longest - len(p):], mask[r, longest - len(p):] = p, 1
+    with torch.no_grad():
+        seq = hf64.generate(input_ids=ids, attention_mask=mask, input_features=fe.input_features.double(),
+                            feature_attention_mask=fe.attention_mask, do_sample=False, max_new_tokens=STEPS)
+    rids = [engine.add_request(a, decoding=DecodingOptions(max_new_tokens=STEPS)) for a in speech]
+    outputs = {o.request_id: o for o in engine.run()}
+    stops = set(ours64.config.prompt.eos_token_ids)
+    for r, rid in enumerate(rids):
+        assert outputs[rid].tokens == _strip(seq[r, longest:].tolist(), stops)
+
+
 def _counting_merge(lm, calls: list):
     original = type(lm).merge
 
