@@ -352,5 +352,5 @@ def test_int8_goes_to_the_lm_through_the_waist(llm_dir, speech):
             x[ids == loaded.config.prompt.audio_token_id] = audio[0, : int(counts[0])]
             probes.append(model.language_model.prefill(x)[1])
     err = (probes[0] - probes[1]).abs().max() / probes[1].abs().max()
-    assert 0 < err < 0.05
+    assert 0 < err < 0.15  # per-tensor uint8 activations (7 bits without VNNI) against fp32
     assert engine.transcribe_outputs(speech[0], decoding=DecodingOptions(max_new_tokens=4)).finish_reason == "stop"
