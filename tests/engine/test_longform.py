@@ -264,3 +264,20 @@ def test_twenty_minute_recording_memory_bounded(wenet_dir, tmp_path):
         covered = sum(max(0.0, min(b, end / RATE) - max(a, start / RATE)) for a, b in segments)
         assert covered >= 0.7 * (end - start) / RATE, (start / RATE, end / RATE)
     assert r["tokens"] > 0 and r["words"] == sorted(r["words"])
+
+
+def test_transcribe_cli_vad(wenet_dir, recording, tmp_path, capsys):
+    import json
+
+    import soundfile as sf
+
+    from oasr.cli import main
+
+    wav = tmp_path / "speech.wav"
+    sf.write(wav, recording.audio, RATE, subtype="FLOAT")
+    assert main(["transcribe", str(wav), "--model", wenet_dir, "--vad", "-f", "verbose_json", "--no-progress"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    expected = _engine(wenet_dir).transcribe_outputs(recording.audio, decoding=DecodingOptions(vad_filter=True))
+    assert [(s["start"], s["end"]) for s in body["segments"]] == [(s.start, s.end) for s in expected.segments]
+    assert body["text"] == expected.text
+    assert len(expected.silences) >= 2

@@ -146,3 +146,27 @@ def test_bad_turn_detection_is_refused(server):
     assert [e["param"] for e in errors] == ["session.audio.input.turn_detection.type",
                                             "session.audio.input.turn_detection.threshold",
                                             "session.audio.input.turn_detection.x"]
+
+
+def test_http_vad_filter(server, reference, sentences):
+    import httpx
+
+    from tests.serve.harness import wav_bytes
+
+    audio = wav_bytes(pcm16(sentences.audio))
+    response = httpx.post(f"{server.url}/v1/audio/transcriptions", headers={"Authorization": f"Bearer {API_KEY}"},
+                          files={"file": ("speech.wav", audio, "audio/wav")},
+                          data={"model": MODEL_NAME, "response_format": "verbose_json", "vad_filter": "true"},
+                          timeout=WAIT)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    from oasr.engine import DecodingOptions
+
+    expected = reference.transcribe_outputs(pcm16(sentences.audio).astype(np.float32) / 32768.0, sample_rate=16000,
+                                            decoding=DecodingOptions(vad_filter=True))
+    assert [(s["start"], s["end"]) for s in body["segments"]] == [(s.start, s.end) for s in expected.segments]
+    assert body["text"] == expected.text and len(expected.segments) >= 2
+    bad = httpx.post(f"{server.url}/v1/audio/transcriptions", headers={"Authorization": f"Bearer {API_KEY}"},
+                     files={"file": ("speech.wav", audio, "audio/wav")}, data={"model": MODEL_NAME, "vad_filter": "maybe"},
+                     timeout=WAIT)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "vad_filter"
