@@ -172,3 +172,112 @@ def test_vad_options_travel_through_serde():
     assert serde.structure(serde.unstructure(options), DecodingOptions) == options
     assert DecodingOptions(vad_filter=True).requested() == set()  # engine-level: no family refuses it
     assert math.isinf(VadOptions().max_speech_duration_s)
+
+
+MEMORY_SCRIPT = r"""
+import json, sys, time
+import numpy as np
+import torch
+torch.set_num_threads(1)
+from oasr.engine import DecodingOptions, Engine, EngineConfig
+from tests.vad import _audio
+
+args = json.loads(sys.argv[1])
+clips = [(t, _audio.espeak(t, __import__("pathlib").Path(args["tmp"]) / f"m{i}.wav"))
+         for i, t in enumerate(_audio.SENTENCES)]
+rng = np.random.default_rng(7)
+
+def recording(seconds):
+    order, total = [], 0.0
+    while total < seconds:
+        clip = clips[len(order) % len(clips)]
+        order.append(clip)
+        total += len(clip[1]) / 16000 + 1.6
+    gaps = list(rng.uniform(0.5, 2.7, len(order) + 1))
+    return _audio.join(order, gaps, seed=len(order))
+
+def reset_peak():
+    with open("/proc/self/clear_refs", "w") as f:  # Linux: restart the VmHWM high-water mark
+        f.write("5")
+
+def peak_mb():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM in /proc/self/status")
+
+engine = Engine(EngineConfig(model=args["model"], long_form_seconds=30.0, max_batch_size=2))
+long_rec, short_rec = recording(1200), recording(300)
+options = DecodingOptions(vad_filter=True, word_timestamps=True)
+engine.transcribe_outputs(short_rec.audio[: 16000 * 20], decoding=options)  # warm up
+reset_peak()
+base = peak_mb()
+t0 = time.perf_counter()
+short = engine.transcribe_outputs(short_rec.audio, decoding=options)
+peak_short = peak_mb()
+reset_peak()
+t1 = time.perf_counter()
+out = engine.transcribe_outputs(long_rec.audio, decoding=options)
+peak_long = peak_mb()
+t2 = time.perf_counter()
+print(json.dumps({
+    "base_mb": base, "peak_short_mb": peak_short, "peak_long_mb": peak_long,
+    "short_s": len(short_rec.audio) / 16000, "long_s": len(long_rec.audio) / 16000,
+    "short_wall": t1 - t0, "long_wall": t2 - t1,
+    "audio_long_mb": long_rec.audio.nbytes / 2**20, "audio_short_mb": short_rec.audio.nbytes / 2**20,
+    "spans": long_rec.spans, "finish": out.finish_reason, "error": out.error,
+    "segments": [[s.start, s.end] for s in out.segments], "silences": out.silences,
+    "tokens": len(out.tokens), "words": [w.start for w in out.words or []],
+}))
+"""
+
+
+@pytest.mark.slow
+def test_twenty_minute_recording_memory_bounded(wenet_dir, tmp_path):
+    """20 minutes of espeak sentences and silences through the WeNet model with vad_filter and a 30 s
+    segment limit, in a fresh process: the peak RSS (VmHWM, reset before each run) of the 20-minute run
+    exceeds the 5-minute run's by no more than the longer audio's own size and a fixed margin."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    proc = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, json.dumps({"model": wenet_dir, "tmp": str(tmp_path)})],
+                          capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"\n20-minute recording: {r['long_s']:.0f} s audio in {r['long_wall']:.1f} s; peak RSS {r['peak_long_mb']:.0f} MB "
+          f"(5-minute run {r['peak_short_mb']:.0f} MB, before either {r['base_mb']:.0f} MB)")
+    assert r["finish"] == "stop", r["error"]
+    assert r["long_s"] >= 1200
+    # growth from 5 to 20 minutes: at most the longer audio's own extra copy plus a fixed margin
+    assert r["peak_long_mb"] - r["peak_short_mb"] < (r["audio_long_mb"] - r["audio_short_mb"]) + 48
+    segments = r["segments"]
+    assert all(b - a <= 30.0 + 1e-6 for a, b in segments)
+    assert all(a[1] <= b[0] for a, b in zip(segments, segments[1:]))  # monotonic, no overlap
+    spans = [(a, b) for a, b in segments] + [tuple(s) for s in r["silences"]]
+    assert sum(b - a for a, b in spans) == pytest.approx(r["long_s"], abs=0.05)  # speech + silence = everything
+    for start, end in r["spans"]:  # every sentence is in a decoded segment
+        covered = sum(max(0.0, min(b, end / RATE) - max(a, start / RATE)) for a, b in segments)
+        assert covered >= 0.7 * (end - start) / RATE, (start / RATE, end / RATE)
+    assert r["tokens"] > 0 and r["words"] == sorted(r["words"])
+
+
+def test_transcribe_cli_vad(wenet_dir, recording, tmp_path, capsys):
+    import json
+
+    import soundfile as sf
+
+    from oasr.cli import main
+
+    wav = tmp_path / "speech.wav"
+    sf.write(wav, recording.audio, RATE, subtype="FLOAT")
+    assert main(["transcribe", str(wav), "--model", wenet_dir, "--vad", "-f", "verbose_json", "--no-progress"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    expected = _engine(wenet_dir).transcribe_outputs(recording.audio, decoding=DecodingOptions(vad_filter=True))
+    assert [(s["start"], s["end"]) for s in body["segments"]] == [(s.start, s.end) for s in expected.segments]
+    assert body["text"] == expected.text
+    assert len(expected.silences) >= 2

@@ -2,7 +2,8 @@
 
 ``OASR_GPU_TESTS=1`` (set by ``scripts/gpu-check.sh``) runs the tests marked ``gpu`` on the real
 device and leaves the simulator off; otherwise ``NUMBA_ENABLE_CUDASIM=1`` is set here, before any
-kernel module imports ``numba.cuda``, and the ``gpu`` tests are deselected with the reason given.
+kernel module imports ``numba.cuda``, and the ``gpu`` tests are skipped with the reason given.  A GPU
+run selects ``-m gpu`` (the simulator tests need the simulator: they hand the kernels CPU tensors).
 """
 
 from __future__ import annotations
@@ -25,5 +26,5 @@ def pytest_collection_modifyitems(config, items) -> None:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU: run scripts/gpu-check.sh on a GPU machine")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)

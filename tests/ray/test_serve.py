@@ -116,3 +116,15 @@ def test_realtime_websocket_equals_in_process_serve(ray_serve, local, fixtures_d
     ours = asyncio.run(transcript(ray_serve))
     assert ours == asyncio.run(transcript(local)) and ours.strip()
     assert np.asarray(pcm).size > 0
+
+
+def test_the_serve_run_application_builder_reads_oasr_serve_flags(ray_cluster, wenet_model):
+    from oasr.ray.serve import app_builder
+
+    app = app_builder({"model": str(wenet_model), "replicas": 2, "replica_cpus": 0.5, "max_batch_size": 4})
+    deployment = app._bound_deployment  # Ray 2.60's Application keeps its deployment here
+    assert deployment.num_replicas == 2 and deployment.ray_actor_options["num_cpus"] == 0.5
+    from oasr.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown oasr serve option.*--no-such-flag"):
+        app_builder({"model": str(wenet_model), "no_such_flag": 1})

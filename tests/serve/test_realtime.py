@@ -151,7 +151,7 @@ def test_errors_are_events_and_the_session_survives(server, reference, pcm16k):
             await s.send("input_audio_buffer.append", audio=base64.b64encode(b"\x01\x02\x03").decode())
             errors["odd"] = await s.recv()
             await s.send("session.update", session={"type": "transcription", "audio": {"input": {
-                "turn_detection": {"type": "server_vad"}}}})
+                "turn_detection": {"type": "semantic_vad"}}}})  # server_vad is served: tests/vad/test_server_vad.py
             errors["vad"] = await s.recv()
             await s.send("session.update", session={"type": "transcription", "audio": {"input": {
                 "format": {"type": "audio/pcm", "rate": 44100}}}})
@@ -181,11 +181,11 @@ def test_errors_are_events_and_the_session_survives(server, reference, pcm16k):
     assert all(e["type"] == "error" for e in errors.values()), errors
     codes = {k: e["error"]["code"] for k, e in errors.items()}
     assert codes == {"json": "invalid_json", "unknown": "unknown_event", "empty": "input_audio_buffer_commit_empty",
-                     "base64": "invalid_value", "odd": "invalid_value", "vad": "unsupported_value",
+                     "base64": "invalid_value", "odd": "invalid_value", "vad": "invalid_value",
                      "rate": "invalid_value", "model": "model_not_found", "binary": "invalid_event",
                      "cleared": "input_audio_buffer_commit_empty"}
     assert errors["unknown"]["error"]["event_id"] == "evt_1"
-    assert errors["vad"]["error"]["param"] == "session.audio.input.turn_detection"
+    assert errors["vad"]["error"]["param"] == "session.audio.input.turn_detection.type"
     assert "gpt-4o-transcribe" in errors["model"]["error"]["message"]
     assert cleared["type"] == "input_audio_buffer.cleared"
     assert transcript == expected_text(reference, pcm16k, 16000)

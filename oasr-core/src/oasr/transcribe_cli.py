@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", default=None,
                         help="output directory (one file per input), or a file path for a single input")
     parser.add_argument("--word-timestamps", action="store_true", help="add word timings")
+    parser.add_argument("--vad", "--vad-filter", dest="vad_filter", action="store_true",
+                        help="decode only the speech a voice activity detector finds (faster-whisper's vad_filter; "
+                             "needs oasr-core[vad])")
     parser.add_argument("--language", default=None, help="language code (models that take one)")
     parser.add_argument("--task", default="transcribe", choices=("transcribe", "translate"))
     parser.add_argument("--beam-size", type=int, default=None, help="beam width (default: the model's)")
@@ -76,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     engine = Engine(EngineConfig(**engine_config_kwargs(args, ENGINE_FIELDS)))
     decoding_kwargs = {"word_timestamps": args.word_timestamps, "task": args.task}
+    if args.vad_filter:
+        decoding_kwargs["vad_filter"] = True
     if args.language:
         decoding_kwargs["language"] = args.language
     if args.beam_size:

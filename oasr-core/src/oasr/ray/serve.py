@@ -50,26 +50,30 @@ def deployment(config: Any, settings: Any, *, replicas: int = 1, autoscaling: di
 
 
 def app_builder(args: dict[str, Any]):
-    """The application builder for ``serve run``: ``args`` are ``oasr serve`` flags (dashes or
-    underscores), plus ``replicas``, ``replica_cpus``, ``replica_gpus`` and ``autoscaling``."""
+    """The application builder for ``serve run``: ``args`` are ``oasr serve`` flags (underscores or
+    dashes; ``replicas``, ``replica_cpus``, ``replica_gpus`` included) plus ``autoscaling``, a Ray Serve
+    ``autoscaling_config``."""
     from oasr.serve.cli import add_arguments, build_configs
 
     parser = argparse.ArgumentParser(prog="oasr serve")
     add_arguments(parser)
-    argv = []
-    extra = {key: args.get(key) for key in ("replicas", "replica_cpus", "replica_gpus", "autoscaling") if key in args}
+    argv: list[str] = []
     for key, value in args.items():
-        if key in extra:
+        if key == "autoscaling":
             continue
         flag = "--" + key.replace("_", "-")
         if value is True:
             argv.append(flag)
         elif value not in (False, None):
             argv += [flag, str(value)]
-    config, settings = build_configs(parser.parse_args(argv))
-    return deployment(config, settings, replicas=int(extra.get("replicas") or 1), autoscaling=extra.get("autoscaling"),
-                      replica_cpus=float(extra.get("replica_cpus") or 1.0),
-                      replica_gpus=float(extra.get("replica_gpus") or 0.0))
+    parsed, unknown = parser.parse_known_args(argv)
+    if unknown:
+        from oasr.errors import ConfigError
+
+        raise ConfigError(f"unknown oasr serve option(s) in the application args: {' '.join(unknown)}", key="args")
+    config, settings = build_configs(parsed)
+    return deployment(config, settings, replicas=parsed.replicas, autoscaling=args.get("autoscaling"),
+                      replica_cpus=parsed.replica_cpus, replica_gpus=parsed.replica_gpus)
 
 
 def start(config: Any, settings: Any, *, host: str = "127.0.0.1", port: int = 8000, replicas: int = 1,

@@ -200,6 +200,8 @@ class ServerState:
             kwargs["temperature"] = req.temperature
         if "word" in req.granularities:
             kwargs["word_timestamps"] = True
+        if req.vad_filter:
+            kwargs["vad_filter"] = True
         # timed segments for every timed format (word timings are aligned within them, whatever is shown)
         if req.response_format in ("srt", "vtt", "verbose_json") and "timestamps" in self.engine.strategy.supported_options:
             kwargs["timestamps"] = True

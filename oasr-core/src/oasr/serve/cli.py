@@ -57,6 +57,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decode strategy option (VALUE parsed as JSON when it is JSON); repeatable")
     add_engine_flags(engine, ("num_threads",))
 
+    scale = parser.add_argument_group("scale-out on Ray Serve (pip install \"oasr-core[ray]\")")
+    scale.add_argument("--ray", action="store_true",
+                       help="serve through Ray Serve: --replicas copies of the app, one engine each")
+    scale.add_argument("--replicas", type=int, default=1, help="Ray Serve replicas (with --ray)")
+    scale.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs each replica reserves (with --ray)")
+    scale.add_argument("--replica-gpus", type=float, default=0.0,
+                       help="GPUs (or a fraction) each replica reserves (with --ray)")
+    scale.add_argument("--ray-address", default=None,
+                       help="a running Ray cluster to join (default: start a local one)")
+
     streaming = parser.add_argument_group("streaming")
     streaming.add_argument("--streaming", action="store_true",
                            help="run the streaming engine (natively streaming models): partial results on "
@@ -103,6 +113,10 @@ def build_configs(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.ray:
+        from oasr.ray.serve import run_cli
+
+        return run_cli(args)
     from oasr.engine import Engine
     from oasr.serve.app import create_app
     from oasr.serve.server import OasrServer, uvicorn_config

@@ -23,11 +23,12 @@ GRANULARITIES = ("segment", "word")
 TRUE, FALSE = ("true", "1", "yes"), ("false", "0", "no", "")
 
 #: fields of OpenAI's create-transcription and create-translation requests this server honours
-#: (``language`` on translations is an extension: the spoken language, when the client knows it)
+#: (``language`` on translations is an extension: the spoken language, when the client knows it;
+#: so is ``vad_filter``: decode only the speech a voice activity detector finds, as faster-whisper)
 FIELDS = {
     "transcribe": ("file", "model", "language", "prompt", "response_format", "temperature",
-                   "timestamp_granularities[]", "timestamp_granularities", "stream"),
-    "translate": ("file", "model", "language", "prompt", "response_format", "temperature"),
+                   "timestamp_granularities[]", "timestamp_granularities", "stream", "vad_filter"),
+    "translate": ("file", "model", "language", "prompt", "response_format", "temperature", "vad_filter"),
 }
 #: the most text one non-file field may carry
 MAX_FIELD_BYTES = 64 * 1024
@@ -46,6 +47,7 @@ class AudioRequest:
     temperature: float | None = None
     granularities: tuple[str, ...] = ()
     stream: bool = False
+    vad_filter: bool = False
 
 
 class UploadTooLarge(Exception):
@@ -166,4 +168,5 @@ async def _validate(items: list[tuple[str, Any]], *, task: str, max_upload_bytes
     temperature = _number("temperature", text["temperature"], 0.0, 1.0) if "temperature" in text else None
     return AudioRequest(task=task, audio=audio, filename=upload.filename or "", model=text.get("model") or None,
                         language=text.get("language") or None, prompt=text.get("prompt") or None, response_format=response_format, temperature=temperature,
-                        granularities=tuple(dict.fromkeys(granularities)), stream=stream)
+                        granularities=tuple(dict.fromkeys(granularities)), stream=stream,
+                        vad_filter=_boolean("vad_filter", text["vad_filter"]) if "vad_filter" in text else False)

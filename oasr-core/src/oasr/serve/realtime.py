@@ -20,7 +20,8 @@ is still arriving (they carry the item id that ``input_audio_buffer.committed`` 
 commit ends the stream and its final result is the completed event.  An offline engine accumulates
 the appended audio as PCM16 (up to ``realtime_max_buffer_seconds`` per item, and
 ``realtime_max_total_buffer_seconds`` over all sessions) and transcribes it at commit.  The engine
-resamples 24 kHz input to the model's rate.  There is no server VAD: ``turn_detection`` must be
+resamples 24 kHz input to the model's rate.  ``turn_detection: {"type": "server_vad", ...}`` makes the
+server find turns and commit them itself (see :mod:`oasr.serve.turns`); otherwise ``turn_detection`` must be
 null and the client commits.  Every item in transcription holds one concurrency slot.
 
 A malformed event (invalid JSON, nesting too deep, an integer too long to parse, a string that is not
@@ -56,6 +57,7 @@ from oasr.errors import OasrError
 from oasr.serve.errors import ApiError, from_failed_output, from_oasr_error, unavailable
 from oasr.serve.metrics import outcome_of
 from oasr.serve.runner import RequestHandle
+from oasr.serve.turns import TurnConfigError, TurnTaker, observe_turn_latency, parse_turn_detection
 
 logger = logging.getLogger("oasr.serve")
 
@@ -109,6 +111,8 @@ class _Item:
     task: asyncio.Task | None = None
     release: Callable[[], None] | None = None
     outcome: str = "disconnected"
+    #: server VAD: when the turn's speech stopped (perf_counter)
+    stopped: float | None = None
 
     @property
     def seconds(self) -> float:
@@ -126,6 +130,7 @@ class RealtimeSession:
         self.current: _Item | None = None
         self.previous_item_id: str | None = None
         self.items: set[_Item] = set()
+        self.turns: TurnTaker | None = None
         self._send_lock = asyncio.Lock()
         self._open = True
 
@@ -147,13 +152,13 @@ class RealtimeSession:
     def describe(self) -> dict[str, Any]:
         return {"id": self.id, "object": "realtime.transcription_session", "type": "transcription",
                 "audio": {"input": {"format": {"type": "audio/pcm", "rate": self.rate},
-                                    "transcription": dict(self.transcription), "turn_detection": None,
+                                    "transcription": dict(self.transcription), "turn_detection": self._turn_detection(),
                                     "noise_reduction": None}},
                 "include": []}
 
     def describe_beta(self) -> dict[str, Any]:
         return {"id": self.id, "object": "realtime.transcription_session", "input_audio_format": "pcm16",
-                "input_audio_transcription": dict(self.transcription), "turn_detection": None,
+                "input_audio_transcription": dict(self.transcription), "turn_detection": self._turn_detection(),
                 "input_audio_noise_reduction": None, "include": []}
 
     # -- the session loop ------------------------------------------------------------------------------
@@ -251,8 +256,8 @@ class RealtimeSession:
         self._refuse_set(session, ("include",), "session.")
         audio_input = self._object(self._object(session.get("audio"), "session.audio").get("input"),
                                    "session.audio.input")
-        self._refuse_set(audio_input, ("turn_detection", "noise_reduction"), "session.audio.input.")
-        patch: dict[str, Any] = {}
+        self._refuse_set(audio_input, ("noise_reduction",), "session.audio.input.")
+        patch: dict[str, Any] = self._parse_turns(audio_input, "session.audio.input.")
         if "format" in audio_input:
             fmt = self._object(audio_input["format"], "session.audio.input.format")
             if fmt.get("type", "audio/pcm") != "audio/pcm" or fmt.get("rate", RATES[0]) not in RATES:
@@ -272,8 +277,8 @@ class RealtimeSession:
         if unknown:
             raise EventError(f"unsupported key(s) {', '.join(unknown)} in 'session'", code="unknown_parameter",
                              param=f"session.{unknown[0]}")
-        self._refuse_set(session, ("turn_detection", "input_audio_noise_reduction", "include"), "session.")
-        patch: dict[str, Any] = {}
+        self._refuse_set(session, ("input_audio_noise_reduction", "include"), "session.")
+        patch: dict[str, Any] = self._parse_turns(session, "session.")
         if "input_audio_format" in session:
             if session["input_audio_format"] != "pcm16":
                 raise EventError(f"input_audio_format must be 'pcm16' (24 kHz), got {session['input_audio_format']!r}",
@@ -286,11 +291,37 @@ class RealtimeSession:
 
     def update(self, patch: dict[str, Any]) -> None:
         """Apply a validated update; the item being appended keeps the settings it started with."""
+        rate_changed = patch.get("rate", self.rate) != self.rate
         self.rate = patch.get("rate", self.rate)
+        if "turn_detection" in patch or (rate_changed and self.turns is not None):
+            config = patch["turn_detection"] if "turn_detection" in patch else self.turns.config
+            self.turns = self._turn_taker(config)
         for key, value in patch.get("transcription", {}).items():
             self.transcription[key] = value
         if not self.transcription["model"]:
             self.transcription["model"] = self.state.model_names[0]
+
+    # -- server VAD (oasr.serve.turns) -----------------------------------------------------------------
+    def _parse_turns(self, section: dict[str, Any], prefix: str) -> dict[str, Any]:
+        if "turn_detection" not in section:
+            return {}
+        try:
+            return {"turn_detection": parse_turn_detection(section["turn_detection"])}
+        except TurnConfigError as exc:
+            param = f"{prefix}turn_detection" + (f".{exc.key}" if exc.key else "")
+            raise EventError(str(exc), code="invalid_value", param=param) from None
+
+    def _turn_taker(self, config) -> TurnTaker | None:
+        if config is None:
+            return None
+        try:
+            return TurnTaker(config, self.rate, self._append_samples, self.commit, self.send, lambda: self.current)
+        except OasrError as exc:  # the VAD is not installed
+            raise EventError(f"server VAD is unavailable: {exc}", code="unsupported_value",
+                             param="turn_detection") from None
+
+    def _turn_detection(self) -> dict[str, Any] | None:
+        return self.turns.config.describe() if self.turns is not None else None
 
     def _decoding(self) -> DecodingOptions:
         kwargs = {k: v for k in ("language", "prompt") if (v := self.transcription.get(k))}
@@ -338,6 +369,12 @@ class RealtimeSession:
         samples = self._pcm16(audio)
         if not len(samples):
             return
+        if self.turns is not None:
+            await self.turns.push(samples)
+            return
+        await self._append_samples(samples)
+
+    async def _append_samples(self, samples: np.ndarray) -> None:
         item = self.current
         if item is not None and item.handle is not None and item.handle.final is not None:
             item = self.current = None  # the engine already ended that stream (length limit): start afresh
@@ -383,6 +420,8 @@ class RealtimeSession:
             item.task = asyncio.create_task(self._transcribe(item))
 
     def clear(self) -> None:
+        if self.turns is not None:
+            self.turns = self._turn_taker(self.turns.config)
         item, self.current = self.current, None
         if item is not None:
             self._drop(item)
@@ -424,6 +463,8 @@ class RealtimeSession:
                         content_index=0, transcript=output.text,
                         usage={"type": "duration", "seconds": round(output.duration or item.seconds, 3)})
         item.outcome = "success"
+        if item.stopped is not None:
+            observe_turn_latency(self.state.metrics, time.perf_counter() - item.stopped)
 
     async def _delta(self, item: _Item, text: str, sent: str) -> str:
         delta = text[len(sent):] if text.startswith(sent) else ""

@@ -22,8 +22,8 @@ from oasr.vad.spans import WINDOW, speech_spans
 CONTEXT = 64
 SAMPLE_RATE = 16000
 MODEL_FILE = "silero_vad_v6.onnx"
-#: rows per onnxruntime call (bounds the input tensor for long audio)
-ROWS_PER_CALL = 10000
+#: rows per onnxruntime call: bounds the model's working memory (about 17 kB a row) on long audio
+ROWS_PER_CALL = 1024
 
 
 class VadUnavailableError(OasrError, ImportError):
@@ -88,14 +88,25 @@ class SileroVad:
         """One speech probability per 512-sample window.
 
         As faster-whisper scores audio: the last window is zero-padded (a whole extra window when the
-        length is a multiple of 512) and its final 64 samples are zeroed.
+        length is a multiple of 512) and its final 64 samples are zeroed.  The audio is read in blocks
+        of ``ROWS_PER_CALL`` windows, so memory beyond the audio itself stays bounded.
         """
         audio = np.asarray(audio, dtype=np.float32).reshape(-1)
-        padded = np.pad(audio, (0, WINDOW - audio.shape[0] % WINDOW))
-        windows = padded.reshape(-1, WINDOW)
-        windows[-1, -CONTEXT:] = 0.0
-        probs, _ = self.run_rows(self.rows(windows, np.zeros(CONTEXT, np.float32)), self.initial_state())
-        return probs
+        full = audio.shape[0] // WINDOW
+        last = np.zeros((1, WINDOW), np.float32)
+        last[0, : audio.shape[0] - full * WINDOW] = audio[full * WINDOW:]
+        last[0, -CONTEXT:] = 0.0
+        whole = audio[: full * WINDOW].reshape(full, WINDOW)
+        state, context = self.initial_state(), np.zeros(CONTEXT, np.float32)
+        out = []
+        for i in range(0, full + 1, ROWS_PER_CALL):
+            windows = whole[i:i + ROWS_PER_CALL]
+            if i + ROWS_PER_CALL > full:
+                windows = np.concatenate([windows, last])
+            probs, state = self.run_rows(self.rows(windows, context), state)
+            context = windows[-1, -CONTEXT:].copy()
+            out.append(probs)
+        return np.concatenate(out)
 
     def speech_spans(self, audio: np.ndarray, options: VadOptions | None = None,
                      sample_rate: int = SAMPLE_RATE) -> list[SpeechSpan]:

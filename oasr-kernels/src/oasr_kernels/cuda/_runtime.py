@@ -32,19 +32,22 @@ def simulated() -> bool:
 
 def cuda() -> Any:
     """The ``numba.cuda`` module, in simulator mode when ``NUMBA_ENABLE_CUDASIM`` asks for it."""
-    if "numba.cuda" not in sys.modules:
-        from numba.core import config
+    from numba.core import config
 
-        if bool(config.ENABLE_CUDASIM) != simulated():
-            config.reload_config()
+    if bool(config.ENABLE_CUDASIM) != simulated():
+        if "numba.cuda" in sys.modules:
+            raise RuntimeError(f"NUMBA_ENABLE_CUDASIM={os.environ.get('NUMBA_ENABLE_CUDASIM')!r} was set after "
+                               f"numba.cuda was imported (as {'the simulator' if config.ENABLE_CUDASIM else 'the GPU target'});"
+                               f" set it before anything imports numba.cuda")
+        config.reload_config()
     from numba import cuda as numba_cuda
 
     return numba_cuda
 
 
-def threads(work: int) -> int:
-    """A power-of-two block size for ``work`` items per block."""
-    cap = SIM_THREADS if simulated() else GPU_THREADS
+def threads(work: int, *, sim_cap: int = SIM_THREADS) -> int:
+    """A power-of-two block size for ``work`` items per block (at most ``sim_cap`` under the simulator)."""
+    cap = min(sim_cap, SIM_THREADS) if simulated() else GPU_THREADS
     n = 1
     while n < cap and n < work:
         n *= 2

@@ -12,7 +12,8 @@ block-wide argmax, each round taking the best value below the previous pick (tie
 which is the CPU search's order — and then one thread extends the beam (``beam × k`` constant-time
 updates) while the others wait.  The n-best is read back on the host from the final beam.
 
-Hotwords (``context``) are served by the CPU kernel (the log-probs are copied to the host for it).
+Under the simulator a block has two threads (each simulated barrier is costly; the feature kernels
+cover deeper reductions).  Hotwords (``context``) are served by the CPU kernel (the log-probs are copied to the host for it).
 Scores use the device's float64 ``log``/``exp``, which may differ from the host's in the last bit.
 """
 
@@ -427,7 +428,7 @@ def ctc_prefix_beam_search(log_probs: torch.Tensor, lengths, beam_size: int = 10
     skip = skip_log_threshold(blank_skip_threshold)
     lp = log_probs.detach().float().contiguous()
     ws = _workspace(batch, longest, beam, k, lp.device)
-    rt.launch(_beam_kernel, batch, rt.threads(vocab), rt.view(lp), rt.view(lengths), k, beam, int(blank),
+    rt.launch(_beam_kernel, batch, rt.threads(vocab, sim_cap=2), rt.view(lp), rt.view(lengths), k, beam, int(blank),
               math.inf if skip is None else float(skip), *(rt.view(ws[name]) for name in _ARGS))
     host = {name: ws[name].cpu().numpy() for name in ("counts", "ti", "li", "lf", "bi", "bf")}
     return [hypotheses(_nbest(host, row, int(n_best or beam))) for row in range(batch)]

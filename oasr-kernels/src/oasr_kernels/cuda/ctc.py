@@ -30,11 +30,11 @@ def _collapse_kernel(ids, best, lengths, blank, tokens, frames, run_best, counts
     k = 0
     prev = -1
     peak = -math.inf
-    total = 0.0
+    total = np.float64(0.0)
     for t in range(n):
         u = ids[b, t]
         lp = best[b, t]
-        total += lp
+        total += np.float64(lp)  # float64 sum (also under the simulator, where 0.0 + float32 stays float32)
         if u != prev:
             if prev >= 0 and prev != blank:
                 run_best[b, k - 1] = peak

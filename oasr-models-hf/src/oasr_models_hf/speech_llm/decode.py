@@ -7,7 +7,8 @@ checkpoint's ASR instruction (:data:`~oasr_models_hf.speech_llm.config.ASR_INSTR
 up to a stop token (``generation_config.json``'s ``eos_token_id``) or ``max_new_tokens``.
 
 Search per request: greedy (``beam_size`` unset or 1) or transformers' beam search
-(:mod:`oasr_models_hf.speech_llm.search`), equal to ``generate(do_sample=False, num_beams=k)``.
+(:mod:`oasr_models_hf.speech_llm.search`), equal to ``generate(do_sample=False, num_beams=k)``;
+``n_best`` returns the best ``n`` finished beams (``num_return_sequences``).
 
 Continuous batching: all active rows (one per greedy request, ``k`` per beam request) advance in one
 LM step.  A finished request leaves the batch at once (its rows are dropped by ``select``) and waiting
@@ -67,7 +68,7 @@ class LlmDecodeStrategy(DecodeStrategy):
         Requirement("language_model.max_positions", "a prompt plus its new tokens must fit the LM's context"),
     )
     options_class = LlmOptions
-    supported_options = frozenset({"language", "beam_size", "prompt", "max_new_tokens"})
+    supported_options = frozenset({"language", "beam_size", "n_best", "prompt", "max_new_tokens"})
 
     def __init__(self, ctx: DecodeContext, options: LlmOptions | None = None):
         super().__init__(ctx, options)
@@ -81,6 +82,9 @@ class LlmDecodeStrategy(DecodeStrategy):
             known = ", ".join(sorted(self.prompt.languages)) or "(none: this vocabulary has no language tags)"
             raise RequestError(f"language {options.language!r} has no tag in this checkpoint's vocabulary; known: "
                                f"{known}", request_id=request_id, param="language")
+        if options.n_best > (options.beam_size or 1):
+            raise RequestError(f"n_best={options.n_best} needs beam_size >= {options.n_best} (got {options.beam_size})",
+                               request_id=request_id, param="n_best")
         limit = self.lm.max_positions // 2
         if options.max_new_tokens is not None and options.max_new_tokens > limit:
             raise RequestError(f"max_new_tokens={options.max_new_tokens} exceeds half the LM's "
@@ -195,8 +199,13 @@ class LlmDecodeStrategy(DecodeStrategy):
         results: list[Hypothesis | BaseException] = []
         for job in jobs:
             tokens, score = job.search.result()
-            language = self._languages.get(tokens[0]) if tokens else None
-            results.append(Hypothesis(tokens=tokens, score=score, language=batch.options[job.index].language or language))
+            options = batch.options[job.index]
+            language = options.language or (self._languages.get(tokens[0]) if tokens else None)
+            hyp = Hypothesis(tokens=tokens, score=score, language=language)
+            if options.n_best > 1:
+                hyp.nbest = [Hypothesis(tokens=t, score=v, language=language)
+                             for t, v in job.search.results(options.n_best)]
+            results.append(hyp)
         batch.timings["encoder"] = t1 - t0
         batch.timings["decode"] = time.perf_counter() - t1
         return results

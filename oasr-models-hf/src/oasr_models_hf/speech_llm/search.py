@@ -112,7 +112,15 @@ class BeamSearch:
         return next_parents, [seq[-1] for seq in self.running]
 
     def result(self) -> tuple[list[int], float]:
-        tokens = list(self.finished[0])
-        if tokens and int(tokens[-1]) in set(self.stop.tolist()):
-            tokens = tokens[:-1]
-        return tokens, float(self.finished_scores[0])
+        return self.results(1)[0]
+
+    def results(self, n: int) -> list[tuple[list[int], float]]:
+        """The ``n`` best finished hypotheses, best first (``num_return_sequences``), stop token removed."""
+        stops = set(self.stop.tolist())
+        out = []
+        for seq, score in zip(self.finished[:n], self.finished_scores[:n].tolist(), strict=True):
+            tokens = list(seq)
+            if tokens and int(tokens[-1]) in stops:
+                tokens = tokens[:-1]
+            out.append((tokens, float(score)))
+        return out

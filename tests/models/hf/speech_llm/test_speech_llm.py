@@ -150,6 +150,28 @@ def test_beam_ids_equal_generate_float64(ours64, hf64, hf_llm, speech, beam):
         assert out.tokens == _strip(ref, set(ours64.config.prompt.eos_token_ids))
 
 
+def test_n_best_equals_num_return_sequences(ours64, hf64, hf_llm, speech):
+    from oasr.tokenizers import build_tokenizer
+
+    _, processor = hf_llm
+    engine = _engine(ours64, max_batch_size=1)
+    tokenizer = build_tokenizer(ours64.tokenizer_spec, ours64.tokenizer_root)
+    instruction = engine.strategy.instruction(DecodingOptions())
+    stops = set(ours64.config.prompt.eos_token_ids)
+    fe = _features(processor, speech[0])
+    n = int(hf64.model.audio_tower._get_feat_extract_output_lengths(fe.attention_mask.sum(-1))[1][0])
+    ids = _hf_prompt(processor, n, instruction)
+    with torch.no_grad():
+        seq = hf64.generate(input_ids=ids, attention_mask=torch.ones_like(ids), input_features=fe.input_features.double(),
+                            feature_attention_mask=fe.attention_mask, do_sample=False, max_new_tokens=STEPS,
+                            num_beams=3, num_return_sequences=3)
+    expected = [tokenizer.decode(_strip(row[ids.shape[1]:].tolist(), stops)) for row in seq]
+    out = engine.transcribe_outputs(speech[0], decoding=DecodingOptions(max_new_tokens=STEPS, beam_size=3, n_best=3))
+    assert out.nbest == expected and out.text == expected[0] and len(set(expected)) == 3
+    with pytest.raises(RequestError, match="n_best=3 needs beam_size"):
+        engine.add_request(speech[0], decoding=DecodingOptions(n_best=3, beam_size=2))
+
+
 @pytest.mark.parametrize("length_penalty,early_stopping", [(0.5, True), (2.0, False)])
 def test_beam_options_equal_generate_float64(ours64, hf64, hf_llm, speech, length_penalty, early_stopping):
     _, processor = hf_llm
@@ -200,6 +222,28 @@ def test_a_custom_prompt_and_a_language_reach_the_model(ours64, hf64, hf_llm, sp
     assert outs[0] != outs[1]
     with pytest.raises(RequestError, match="language 'xx'"):
         engine.add_request(speech[0], decoding=DecodingOptions(language="xx"))
+
+
+def test_generate_over_a_left_padded_batch_equals_ours_batched(ours64, hf64, hf_llm, speech):
+    _, processor = hf_llm
+    engine = _engine(ours64, max_batch_size=8, max_pad_ratio=100.0)
+    instruction = engine.strategy.instruction(DecodingOptions())
+    fe = _features(processor, speech)
+    counts = hf64.model.audio_tower._get_feat_extract_output_lengths(fe.attention_mask.sum(-1))[1]
+    prompts = [_hf_prompt(processor, int(n), instruction)[0] for n in counts]
+    longest = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), longest), ours64.config.prompt.eos_token_ids[0], dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, p in enumerate(prompts):
+        ids[r, longest - len(p):], mask[r, longest - len(p):] = p, 1
+    with torch.no_grad():
+        seq = hf64.generate(input_ids=ids, attention_mask=mask, input_features=fe.input_features.double(),
+                            feature_attention_mask=fe.attention_mask, do_sample=False, max_new_tokens=STEPS)
+    rids = [engine.add_request(a, decoding=DecodingOptions(max_new_tokens=STEPS)) for a in speech]
+    outputs = {o.request_id: o for o in engine.run()}
+    stops = set(ours64.config.prompt.eos_token_ids)
+    for r, rid in enumerate(rids):
+        assert outputs[rid].tokens == _strip(seq[r, longest:].tolist(), stops)
 
 
 def _counting_merge(lm, calls: list):
@@ -330,5 +374,5 @@ def test_int8_goes_to_the_lm_through_the_waist(llm_dir, speech):
             x[ids == loaded.config.prompt.audio_token_id] = audio[0, : int(counts[0])]
             probes.append(model.language_model.prefill(x)[1])
     err = (probes[0] - probes[1]).abs().max() / probes[1].abs().max()
-    assert 0 < err < 0.05
+    assert 0 < err < 0.15  # per-tensor uint8 activations (7 bits without VNNI) against fp32
     assert engine.transcribe_outputs(speech[0], decoding=DecodingOptions(max_new_tokens=4)).finish_reason == "stop"
