@@ -46,9 +46,9 @@ def wenet_sized_bundle(path: Path, *, layers: int = 12, d_model: int = 256, head
     The CTC head's blank logit is raised by ``blank_bias`` so that, like a trained model, most frames
     are blank (a random head would emit a token almost every frame and overstate decode cost).
     """
+    from oasr.checkpoints.loaded import LoadedModel
     from oasr.checkpoints.native import save_native
     from oasr.models import DecodingDefaults, FeatureSpec, LoadReport, TokenizerSpec
-    from oasr.models.loaded import LoadedModel
     from oasr_models_wenet.config import ConformerEncoderConfig, ConformerModelConfig
     from oasr_models_wenet.model import ConformerModel
 

@@ -171,8 +171,8 @@ def main() -> int:
     warnings.filterwarnings("ignore")
     from transformers import AutoProcessor, Qwen2AudioForConditionalGeneration
 
+    from oasr.checkpoints.loading import load_pretrained
     from oasr.layers.quant import quantize_model_int8
-    from oasr.models.loading import load_pretrained
 
     root = build(Path(tempfile.mkdtemp(prefix="oasr_qwen2_audio_")))
     audios = [synth(2.0 + 7.0 * i / max(1, args.requests - 1), seed=i) for i in range(args.requests)]

@@ -197,9 +197,9 @@ def engine_run(model: ConformerModel, batches, batch_size: int, repeats: int) ->
 
     import numpy as np
 
+    from oasr.checkpoints.loaded import LoadedModel
     from oasr.engine import Engine, EngineConfig
     from oasr.models import DecodingDefaults, FeatureSpec, LoadReport, TokenizerSpec
-    from oasr.models.loaded import LoadedModel
 
     units = Path(tempfile.mkdtemp()) / "units.txt"
     units.write_text("".join(f"{'<blank>' if i == 0 else f'w{i}'} {i}\n" for i in range(model.config.vocab_size)))

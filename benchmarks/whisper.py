@@ -126,8 +126,8 @@ def corpus_wer(clips, texts: list[str]) -> float:
 # -- systems -----------------------------------------------------------------------------------------
 class Oasr:
     def __init__(self, model_dir: str, quantized: bool, batch: int):
+        from oasr.checkpoints.loading import load_pretrained
         from oasr.decoding.strategy import DecodeContext
-        from oasr.models.loading import load_pretrained
         from oasr.tokenizers import build_tokenizer
         from oasr_models_hf.whisper.decode import AedDecodeStrategy
 
@@ -194,7 +194,7 @@ class Transformers:
         from transformers import GenerationConfig, WhisperConfig, WhisperFeatureExtractor
         from transformers import WhisperForConditionalGeneration as HFWhisper
 
-        from oasr.models.loading import load_pretrained
+        from oasr.checkpoints.loading import load_pretrained
         from oasr.tokenizers import build_tokenizer
 
         loaded = load_pretrained(model_dir)

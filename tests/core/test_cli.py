@@ -41,7 +41,7 @@ def test_an_unrecognized_checkpoint_is_one_clear_line(tmp_path, capsys):
 def test_convert_int8_writes_a_format_2_bundle_that_loads(tmp_path):
     import torch
 
-    from oasr.models import load_pretrained
+    from oasr.checkpoints import load_pretrained
     from oasr_tinyctc.convert import write_checkpoint
 
     with tinyctc_registered():
@@ -75,7 +75,7 @@ def test_engine_flags_of_transcribe_and_serve_are_the_engine_config_fields():
 
     from oasr import transcribe_cli
     from oasr.engine import EngineConfig
-    from oasr.serve import cli as serve_cli
+    from oasr.serve import options as serve_cli
 
     fields = attrs.fields_dict(EngineConfig)
     transcribe, serve = _defaults("transcribe"), _defaults("serve")

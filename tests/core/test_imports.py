@@ -56,13 +56,24 @@ class _Imports(ast.NodeVisitor):
                 self.found.add(module)
 
 
+def _packages(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
 def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the modules importing it runs: each one it names, and the ``__init__`` of every
+    package above those (Python runs them first) except its own packages, already running."""
     modules = _modules(root)
     graph = {}
     for name, path in modules.items():
         visitor = _Imports(name, path.name == "__init__.py", set(modules))
         visitor.visit(ast.parse(path.read_text(), str(path)))
-        graph[name] = visitor.found - {name}
+        own = set(_packages(name))
+        found = set(visitor.found)
+        for target in visitor.found:
+            found.update(p for p in _packages(target) if p in modules and p not in own)
+        graph[name] = found - {name}
     return graph
 
 
@@ -115,6 +126,18 @@ def test_the_walker_finds_a_cycle_through_a_function_local_import(tmp_path):
     """))
     (pkg / "c.py").write_text("import pkg.b\n")
     assert cycles(import_graph(pkg)) == [["pkg.a", "pkg.b"]]
+
+
+def test_the_walker_counts_the_package_init_an_import_runs(tmp_path):
+    for sub in ("pkg", "pkg/one", "pkg/two"):
+        (tmp_path / sub).mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "one" / "__init__.py").write_text("from pkg.one.reg import thing\n")
+    (tmp_path / "pkg" / "one" / "reg.py").write_text("from pkg.two.conv import Conv\n")
+    (tmp_path / "pkg" / "one" / "base.py").write_text("")
+    (tmp_path / "pkg" / "two" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "two" / "conv.py").write_text("from pkg.one.base import Base\n")
+    assert cycles(import_graph(tmp_path / "pkg")) == [["pkg.one", "pkg.one.reg", "pkg.two.conv"]]
 
 
 def test_oasr_core_has_no_import_cycle():

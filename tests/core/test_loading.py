@@ -12,15 +12,15 @@ import pytest
 import torch
 
 import oasr
-from oasr.checkpoints.native import load_native, read_native_config, save_native
-from oasr.errors import AmbiguousCheckpointError, CheckpointFormatError, UnknownModelError
-from oasr.models import (
+from oasr.checkpoints import (
     DETECT_ASSET_LAYOUT,
     DETECT_KEYED_VALUE,
     DETECT_NAMED_CONFIG,
     load_pretrained,
     load_torch_checkpoint,
 )
+from oasr.checkpoints.native import load_native, read_native_config, save_native
+from oasr.errors import AmbiguousCheckpointError, CheckpointFormatError, UnknownModelError
 from tests.helpers import TINYCTC_SRC, ensure_tinyctc_importable, registered_model, run_python, tinyctc_registered
 
 ensure_tinyctc_importable()
@@ -177,7 +177,8 @@ def test_native_bundle_loads_with_other_families_uninstalled(tmp_path):
         sys.path.insert(0, {str(TINYCTC_SRC)!r})
         warnings.simplefilter("ignore")
         import torch
-        from oasr.models import register_model, load_pretrained
+        from oasr.models import register_model
+        from oasr.checkpoints import load_pretrained
         register_model("tinyctc", "oasr_tinyctc.model:TinyCtcModel", "oasr_tinyctc.model:TinyCtcConfig")
         loaded = load_pretrained({str(tmp_path / "bundle")!r})
         g = torch.Generator().manual_seed(0)

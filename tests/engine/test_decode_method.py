@@ -7,11 +7,11 @@ import attrs
 import pytest
 
 from oasr import hookimpl, plugins
+from oasr.checkpoints.loading import load_pretrained
 from oasr.decoding.ctc_strategy import CtcDecodeStrategy
 from oasr.engine import Engine
 from oasr.errors import CapabilityError
 from oasr.models.interfaces import Requirement
-from oasr.models.loading import load_pretrained
 
 
 class RivalCtc(CtcDecodeStrategy):

@@ -101,7 +101,7 @@ def test_wenet_long_audio_is_cut_at_silences(wenet_dir, recording):
 
 
 def test_family_declared_limit(wenet_dir, recording):
-    from oasr.models.loading import load_pretrained
+    from oasr.checkpoints.loading import load_pretrained
 
     loaded = load_pretrained(wenet_dir)
     loaded.model.max_segment_seconds = 12.0  # what a family declares on its model class

@@ -25,8 +25,8 @@ from oasr.hookspecs import hookimpl
 __version__ = "0.1.0"
 
 _LAZY = {
-    "from_pretrained": "oasr.models.loading",
-    "load_pretrained": "oasr.models.loading",
+    "from_pretrained": "oasr.checkpoints.loading",
+    "load_pretrained": "oasr.checkpoints.loading",
     "list_models": "oasr.models.registry",
     "register_model": "oasr.models.registry",
     "Engine": "oasr.engine",

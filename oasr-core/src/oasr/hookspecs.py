@@ -26,7 +26,7 @@ def oasr_register_models(register) -> None:
     ``register(name, *, model, config, converter=None, description="")``: ``name`` is the registry key
     (``"conformer"``); ``model`` and ``config`` are ``"module:Class"`` strings of a
     :class:`oasr.models.BaseAsrModel` subclass and its attrs config class; ``converter`` optionally
-    names a :class:`oasr.models.CheckpointConverter` subclass that detects and converts the source
+    names a :class:`oasr.checkpoints.CheckpointConverter` subclass that detects and converts the source
     framework's checkpoint directories.  Called once, when the registry is first used.
     """
 

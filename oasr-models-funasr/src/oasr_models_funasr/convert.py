@@ -18,16 +18,9 @@ from typing import Any
 import torch
 import yaml
 
+from oasr.checkpoints import DETECT_KEYED_VALUE, CheckpointConverter, extract_state_dict, load_torch_checkpoint
 from oasr.errors import CheckpointFormatError, UnsupportedConfigError
-from oasr.models import (
-    DETECT_KEYED_VALUE,
-    CheckpointConverter,
-    DecodingDefaults,
-    FeatureSpec,
-    TokenizerSpec,
-    extract_state_dict,
-    load_torch_checkpoint,
-)
+from oasr.models import DecodingDefaults, FeatureSpec, TokenizerSpec
 from oasr_models_funasr.config import CifPredictorConfig, ParaformerConfig, SANMDecoderConfig, SANMEncoderConfig
 
 CONFIG_FILE = "config.yaml"

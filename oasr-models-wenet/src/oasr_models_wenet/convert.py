@@ -19,16 +19,9 @@ from typing import Any
 import torch
 import yaml
 
+from oasr.checkpoints import DETECT_NAMED_CONFIG, CheckpointConverter, extract_state_dict, load_torch_checkpoint
 from oasr.errors import CheckpointFormatError, UnsupportedConfigError
-from oasr.models import (
-    DETECT_NAMED_CONFIG,
-    CheckpointConverter,
-    DecodingDefaults,
-    FeatureSpec,
-    TokenizerSpec,
-    extract_state_dict,
-    load_torch_checkpoint,
-)
+from oasr.models import DecodingDefaults, FeatureSpec, TokenizerSpec
 from oasr_models_wenet.config import (
     DECODER_ACTIVATIONS,
     ConformerEncoderConfig,

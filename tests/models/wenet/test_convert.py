@@ -11,9 +11,9 @@ import torch
 import yaml
 
 import oasr
+from oasr.checkpoints import DETECT_NAMED_CONFIG
 from oasr.checkpoints.native import save_native
 from oasr.errors import CheckpointFormatError, UnsupportedConfigError
-from oasr.models import DETECT_NAMED_CONFIG
 from oasr.models.registry import detect_architecture
 from oasr_models_wenet.convert import WenetConverter, read_cmvn
 

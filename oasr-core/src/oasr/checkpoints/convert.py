@@ -13,8 +13,8 @@ def convert(src: str, dst: str | Path, *, architecture: str | None = None, overw
 
     ``quantization="int8"`` stores int8 weights (a format_version 2 bundle).
     """
+    from oasr.checkpoints.loading import load_pretrained
     from oasr.checkpoints.native import save_native
-    from oasr.models.loading import load_pretrained
 
     loaded = load_pretrained(src, architecture=architecture)
     if quantization == "int8" and not loaded.quantization:

@@ -26,8 +26,8 @@ from safetensors.torch import save_file
 
 from oasr import serde
 from oasr.checkpoints.files import load_safetensors, resolve_inside
+from oasr.checkpoints.loaded import NATIVE_CONFIG, LoadedModel, finish_model
 from oasr.errors import CheckpointFormatError, ConfigError
-from oasr.models.loaded import NATIVE_CONFIG, LoadedModel, finish_model
 from oasr.models.registry import config_class, model_class
 from oasr.models.specs import DecodingDefaults, FeatureSpec, LoadReport, TokenizerSpec
 

@@ -44,7 +44,7 @@ def resolve_device(device: str) -> torch.device:
 
 def check_dtype(dtype: str | None, device: torch.device) -> torch.dtype | None:
     """The compute dtype ``EngineConfig.dtype`` names, refused where ``device`` cannot run it well."""
-    from oasr.models.loaded import parse_dtype
+    from oasr.checkpoints.loaded import parse_dtype
 
     try:
         parsed = parse_dtype(dtype)

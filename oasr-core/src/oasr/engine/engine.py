@@ -25,6 +25,8 @@ import numpy as np
 import torch
 
 from oasr import plugins, serde
+from oasr.checkpoints.loaded import LoadedModel
+from oasr.checkpoints.loading import load_pretrained
 from oasr.decoding.strategy import DecodeBatch, DecodeContext, DecodeStrategy
 from oasr.decoding.types import Hypothesis
 from oasr.engine.config import EngineConfig
@@ -34,8 +36,6 @@ from oasr.engine.options import DecodingOptions, RequestOutput
 from oasr.engine.outputs import OutputCallback, build_output, deliver
 from oasr.engine.scheduler import Scheduler
 from oasr.errors import CapabilityError, EngineFullError, OasrError, RequestError, TranscriptionError
-from oasr.models.loaded import LoadedModel
-from oasr.models.loading import load_pretrained
 
 logger = logging.getLogger("oasr.engine")
 

@@ -6,7 +6,8 @@ engine builds the config from the checkpoint's :class:`oasr.models.FeatureSpec`
 :class:`BatchedStreamingFeatureExtractor` (streaming).  Built in: ``kaldi_fbank``, ``kaldi_mfcc``,
 ``whisper_logmel``, ``nemotron_logmel``; LFR stacking and normalization are post-transforms.
 
-Importing this package imports no torch; the torch-backed names load on first use.
+Importing this package imports nothing else: every name loads on first use (so the built-in
+frontends can be declared, :mod:`oasr.features.extractors`, while the plugin registry is filling).
 """
 
 from __future__ import annotations
@@ -14,19 +15,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from oasr.features.config import FeatureConfig
-from oasr.features.registry import (
-    ExtractorSpec,
-    FeatureExtractor,
-    StreamingFraming,
-    build_extractor,
-    get_extractor_spec,
-    list_extractors,
-    register_extractor,
-    unregister_extractor,
-)
-
 _LAZY = {
+    "FeatureConfig": "oasr.features.config",
+    "ExtractorSpec": "oasr.features.spec",
+    "StreamingFraming": "oasr.features.spec",
+    "FeatureExtractor": "oasr.features.registry",
+    "build_extractor": "oasr.features.registry",
+    "get_extractor_spec": "oasr.features.registry",
+    "list_extractors": "oasr.features.registry",
+    "register_extractor": "oasr.features.registry",
+    "unregister_extractor": "oasr.features.registry",
     "extract_features_batch": "oasr.features.pipeline",
     "pad_waveforms": "oasr.features.pipeline",
     "BatchedStreamingFeatureExtractor": "oasr.features.streaming",

@@ -7,13 +7,16 @@ Families register through the ``oasr_register_models`` hook with ``"module:Class
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 
 from oasr import plugins
 from oasr.errors import AmbiguousCheckpointError, CheckpointFormatError, UnknownModelError
 from oasr.models.base import BaseAsrModel, BaseModelConfig
-from oasr.models.converter import CheckpointConverter
+
+if TYPE_CHECKING:
+    from oasr.checkpoints.converter import CheckpointConverter
 
 
 @attrs.frozen

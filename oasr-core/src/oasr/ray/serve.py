@@ -53,7 +53,7 @@ def app_builder(args: dict[str, Any]):
     """The application builder for ``serve run``: ``args`` are ``oasr serve`` flags (underscores or
     dashes; ``replicas``, ``replica_cpus``, ``replica_gpus`` included) plus ``autoscaling``, a Ray Serve
     ``autoscaling_config``."""
-    from oasr.serve.cli import add_arguments, build_configs
+    from oasr.serve.options import add_arguments, build_configs
 
     parser = argparse.ArgumentParser(prog="oasr serve")
     add_arguments(parser)
@@ -92,7 +92,7 @@ def start(config: Any, settings: Any, *, host: str = "127.0.0.1", port: int = 80
 
 def run_cli(args: argparse.Namespace) -> int:
     """``oasr serve --ray``: serve until interrupted, then shut the deployment down."""
-    from oasr.serve.cli import build_configs
+    from oasr.serve.options import build_configs
 
     config, settings = build_configs(args)
     start(config, settings, host=args.host, port=args.port, replicas=args.replicas, replica_cpus=args.replica_cpus,

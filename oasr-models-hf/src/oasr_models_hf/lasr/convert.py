@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
+from oasr.checkpoints.converter import DETECT_KEYED_VALUE, CheckpointConverter, load_torch_checkpoint
 from oasr.errors import CheckpointFormatError, UnsupportedConfigError
-from oasr.models.converter import DETECT_KEYED_VALUE, CheckpointConverter, load_torch_checkpoint
 from oasr.models.specs import DecodingDefaults, FeatureSpec, TokenizerSpec
 from oasr_models_hf.lasr.config import LasrConfig
 from oasr_models_hf.lasr.features import WINDOW

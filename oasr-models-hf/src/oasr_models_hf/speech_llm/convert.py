@@ -22,8 +22,8 @@ from typing import Any
 import attrs
 import torch
 
+from oasr.checkpoints.converter import DETECT_KEYED_VALUE, CheckpointConverter
 from oasr.errors import CheckpointFormatError, UnsupportedConfigError
-from oasr.models.converter import DETECT_KEYED_VALUE, CheckpointConverter
 from oasr.models.specs import DecodingDefaults, FeatureSpec, TokenizerSpec
 from oasr_models_hf.lasr.convert import load_hf_weights, model_type, read_json, rope_theta
 from oasr_models_hf.speech_llm.config import AudioTowerConfig, SpeechLlmConfig, SpeechLlmPrompt, TextConfig

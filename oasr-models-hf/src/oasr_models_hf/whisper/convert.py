@@ -30,13 +30,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from oasr.errors import CheckpointFormatError, UnsupportedConfigError
-from oasr.models.converter import (
+from oasr.checkpoints.converter import (
     DETECT_KEYED_VALUE,
     CheckpointConverter,
     ConvertedCheckpoint,
     load_torch_checkpoint,
 )
+from oasr.errors import CheckpointFormatError, UnsupportedConfigError
 from oasr.models.specs import DecodingDefaults, FeatureSpec, TokenizerSpec
 from oasr_models_hf.whisper.config import WINDOW_SECONDS, WhisperConfig, WhisperGeneration
 

@@ -78,7 +78,7 @@ def hf_lasr(lasr_dir):
 
 @pytest.fixture(scope="session")
 def ours(lasr_dir):
-    from oasr.models.loading import load_pretrained
+    from oasr.checkpoints.loading import load_pretrained
 
     return load_pretrained(lasr_dir)
 

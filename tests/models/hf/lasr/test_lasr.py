@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from oasr.checkpoints.loading import load_pretrained
 from oasr.engine import Engine, EngineConfig
 from oasr.engine.options import DecodingOptions
 from oasr.features import FeatureConfig, extract_features_batch
-from oasr.models.loading import load_pretrained
 
 #: logit gap below which two implementations' float32 noise could swap a frame's argmax
 MARGIN = 1e-4

@@ -93,7 +93,7 @@ def hf_llm(llm_dir):
 
 @pytest.fixture(scope="session")
 def ours(llm_dir):
-    from oasr.models.loading import load_pretrained
+    from oasr.checkpoints.loading import load_pretrained
 
     return load_pretrained(llm_dir)
 

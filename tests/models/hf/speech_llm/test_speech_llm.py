@@ -11,11 +11,11 @@ import attrs
 import pytest
 import torch
 
+from oasr.checkpoints.loading import load_pretrained
 from oasr.engine import Engine, EngineConfig
 from oasr.engine.options import DecodingOptions
 from oasr.errors import RequestError
 from oasr.features import FeatureConfig, extract_features_batch
-from oasr.models.loading import load_pretrained
 
 #: logit gap under which float32 noise could swap the greedy choice
 MARGIN = 1e-3

@@ -53,7 +53,7 @@ def ct2_dirs(tmp_path_factory, tiny_hf_dir) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def tiny(tiny_hf_dir):
     """The tiny model loaded by OASR from the HF directory."""
-    from oasr.models.loading import load_pretrained
+    from oasr.checkpoints.loading import load_pretrained
 
     return load_pretrained(tiny_hf_dir)
 
@@ -80,7 +80,7 @@ def tiny_en_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_en(tiny_en_dir):
-    from oasr.models.loading import load_pretrained
+    from oasr.checkpoints.loading import load_pretrained
     from oasr.tokenizers import build_tokenizer
 
     loaded = load_pretrained(tiny_en_dir)

@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from oasr.checkpoints.converter import DETECT_KEYED_VALUE
+from oasr.checkpoints.loading import load_pretrained
 from oasr.errors import CheckpointFormatError
-from oasr.models.converter import DETECT_KEYED_VALUE
-from oasr.models.loading import load_pretrained
 from oasr.models.registry import converter_for, detect_architecture
 
 

@@ -8,15 +8,8 @@ from pathlib import Path
 import torch
 
 from oasr import serde
-from oasr.models import (
-    DETECT_KEYED_VALUE,
-    CheckpointConverter,
-    DecodingDefaults,
-    FeatureSpec,
-    TokenizerSpec,
-    extract_state_dict,
-    load_torch_checkpoint,
-)
+from oasr.checkpoints import DETECT_KEYED_VALUE, CheckpointConverter, extract_state_dict, load_torch_checkpoint
+from oasr.models import DecodingDefaults, FeatureSpec, TokenizerSpec
 from oasr_toyfamily.model import ToyFrameConfig
 
 

@@ -22,10 +22,10 @@ import attrs
 import torch
 
 from oasr import plugins
+from oasr.checkpoints.converter import CheckpointConverter, ConvertedCheckpoint
+from oasr.checkpoints.loaded import LoadedModel, finish_model
 from oasr.errors import CheckpointFormatError, OasrError, UnknownModelError
 from oasr.models.base import BaseAsrModel
-from oasr.models.converter import CheckpointConverter, ConvertedCheckpoint
-from oasr.models.loaded import LoadedModel, finish_model
 from oasr.models.registry import converter_for, detect_architecture, model_class
 from oasr.models.specs import LoadReport
 
