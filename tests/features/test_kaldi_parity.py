@@ -19,8 +19,7 @@ from safetensors.torch import load_file
 
 from oasr.features import FeatureConfig, extract_features_batch
 from oasr.features.batched import build_kaldi_module, kaldi_module
-from oasr.layers import Fbank, Mfcc
-from oasr.layers.feature import FLT_EPSILON
+from oasr.features.spectral import FLT_EPSILON, Fbank, Mfcc
 
 LOG_EPS = math.log(FLT_EPSILON)
 

@@ -2,7 +2,7 @@
 
 Shapes are small (a 1.6 kHz "Kaldi" config: 40-sample windows) because each simulated GPU thread is a
 Python thread.  Every recipe is run end to end through its public entry point with the kernel swapped
-in for ``oasr.layers.feature.stft_mel``, so framing, dither, DC removal, pre-emphasis, window, sparse
+in for ``oasr.features.spectral.stft_mel``, so framing, dither, DC removal, pre-emphasis, window, sparse
 mel projection, each log mode, energy and the MFCC DCT are all compared with the CPU path.
 """
 
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import oasr.features.nemotron as nemotron_mod
+import oasr.features.spectral as feature_mod
 import oasr.features.whisper as whisper_mod
-import oasr.layers.feature as feature_mod
-from oasr.layers.feature import Fbank, Mfcc
+from oasr.features.spectral import Fbank, Mfcc
 from oasr_kernels.cuda import features as cuda_features
 
 

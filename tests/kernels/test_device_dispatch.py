@@ -11,9 +11,9 @@ import torch
 
 from oasr import plugins
 from oasr.decoding.ctc import ctc_greedy_search, ctc_prefix_beam_search
+from oasr.features.spectral import Fbank
 from oasr.hookspecs import hookimpl
 from oasr.layers._backend import clear_kernel_cache, kernel
-from oasr.layers.feature import Fbank
 
 CALLS: list[tuple[str, str]] = []
 

@@ -1,7 +1,7 @@
 """The engine's entry into the Kaldi frontend: ``kaldi_fbank`` and ``kaldi_mfcc``.
 
-Both delegate to the layer-waist modules :class:`oasr.layers.Fbank` / :class:`oasr.layers.Mfcc`, built
-once per (config, device) — a served request and ``oasr.layers.Fbank`` are the same code and give
+Both delegate to the modules :class:`oasr.features.spectral.Fbank` / :class:`~oasr.features.spectral.Mfcc`,
+built once per (config, device) — a served request and ``Fbank`` are the same code and give
 bit-identical output.  Every Kaldi option runs on the batched path (all five windows, ``snip_edges``
 either way, ``dither``, ``use_energy``).
 
@@ -18,7 +18,7 @@ import torch
 
 from oasr.features.config import FeatureConfig
 from oasr.features.spec import StreamingFraming
-from oasr.layers.feature import Fbank, Mfcc
+from oasr.features.spectral import Fbank, Mfcc
 
 _modules: dict[tuple, Fbank] = {}
 _lock = threading.Lock()

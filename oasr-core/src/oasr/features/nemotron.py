@@ -25,7 +25,7 @@ from oasr.errors import ConfigError
 from oasr.features.config import FeatureConfig
 from oasr.features.mel import slaney_mel_filters
 from oasr.features.spec import StreamingFraming
-from oasr.layers.feature import interleave_power_weight, mel_groups, stft_mel
+from oasr.features.spectral import interleave_power_weight, mel_groups, stft_mel
 
 N_FFT = 512
 LOG_GUARD = 2.0 ** -24

@@ -29,7 +29,7 @@ import torch
 
 from oasr.features.config import FeatureConfig
 from oasr.features.mel import slaney_mel_filters
-from oasr.layers.feature import interleave_power_weight, mel_groups, reflect_rows, stft_mel
+from oasr.features.spectral import interleave_power_weight, mel_groups, reflect_rows, stft_mel
 
 N_FFT = 400
 HOP_LENGTH = 160

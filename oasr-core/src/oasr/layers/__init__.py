@@ -6,7 +6,6 @@ from oasr.layers.attention import Attention, MultiHeadAttention, attend, merge_h
 from oasr.layers.conv import Conv1d, Conv2d, DepthwiseConv1d, PointwiseConv1d
 from oasr.layers.ctc import CtcProjection
 from oasr.layers.embedding import Embedding
-from oasr.layers.feature import Fbank, Mfcc
 from oasr.layers.linear import Linear, LinearActivation
 from oasr.layers.mlp import FeedForward, GatedMLP
 from oasr.layers.norm import BatchNorm1d, LayerNorm, RMSNorm
@@ -16,7 +15,7 @@ from oasr.layers.rotary import RotaryEmbedding
 
 __all__ = [
     "Activation", "Attention", "BatchNorm1d", "Conv1d", "Conv2d", "CtcProjection", "DepthwiseConv1d",
-    "Embedding", "Fbank", "FeedForward", "GatedMLP", "Gelu", "Glu", "LSTM", "LayerNorm", "Linear", "LinearActivation",
-    "Mfcc", "MultiHeadAttention", "PointwiseConv1d", "RMSNorm", "Relu", "RotaryEmbedding", "Sigmoid", "Swish", "Tanh",
+    "Embedding", "FeedForward", "GatedMLP", "Gelu", "Glu", "LSTM", "LayerNorm", "Linear", "LinearActivation",
+    "MultiHeadAttention", "PointwiseConv1d", "RMSNorm", "Relu", "RotaryEmbedding", "Sigmoid", "Swish", "Tanh",
     "activation_fn", "attend", "merge_heads", "sinusoid_table", "split_heads",
 ]

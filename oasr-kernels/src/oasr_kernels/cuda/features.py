@@ -1,6 +1,6 @@
 """The spectral feature chain on the GPU: kernel slot ``stft_mel@cuda``.
 
-:func:`stft_mel` has the signature and contract of :func:`oasr.layers.feature.stft_mel` (the Kaldi
+:func:`stft_mel` has the signature and contract of :func:`oasr.features.spectral.stft_mel` (the Kaldi
 fbank/MFCC, Whisper and NeMo recipes all run on it) and computes, per frame:
 
 1. :func:`_frame_kernel` — one block per frame: the frame read straight from the padded waveform
@@ -166,7 +166,7 @@ def _dct_kernel(logmel, row_b, row_j, cepstra, energy, energy_mode, floor_log, c
 
 def sparse_filters(mel_weight: torch.Tensor, num_mels: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(num_mels, bins) filters and each filter's nonzero bin range [lo, hi), from the interleaved
-    (2·bins, F') matrix of :func:`oasr.layers.feature.interleave_power_weight` (device ops, no sync)."""
+    (2·bins, F') matrix of :func:`oasr.features.spectral.interleave_power_weight` (device ops, no sync)."""
     filters = mel_weight[0::2, :num_mels].t().contiguous()
     bins = filters.shape[1]
     nonzero = filters != 0
@@ -191,7 +191,7 @@ def stft_mel(source: torch.Tensor, counts: list[int], out: torch.Tensor, *, span
              log_eps: float = FLT_EPSILON, remove_dc: bool = False, preemphasis: float = 0.0,
              cepstra: torch.Tensor | None = None, num_ceps: int = 0, column: int = 0, energy: str | None = None,
              energy_floor: float = 0.0, noise: torch.Tensor | None = None) -> None:
-    """:func:`oasr.layers.feature.stft_mel` on the GPU (``mel_blocks`` is not needed here)."""
+    """:func:`oasr.features.spectral.stft_mel` on the GPU (``mel_blocks`` is not needed here)."""
     if log not in _LOG_MODES:
         raise ValueError(f"log must be one of {', '.join(_LOG_MODES)}, got {log!r}")
     rt.kernel_device(source)

@@ -1,5 +1,5 @@
-"""Spectral feature layers of the waist: the Kaldi filterbank and MFCC, and the tiled STFT → mel core
-every built-in frontend runs on.
+"""Spectral features: the Kaldi filterbank and MFCC modules, and the tiled STFT → mel core every
+built-in frontend runs on.
 
 Contract:
 
