@@ -109,6 +109,9 @@ class Engine:
         self.strategy = self._build_strategy()
         self.window_seconds: float | None = getattr(self.feature_config, "fixed_window_seconds", None)
         self._hop = max(1, round(self.sample_rate * self.feature_config.frame_shift_ms / 1000.0))
+        from oasr.engine.memory import ForwardMemory
+
+        self.forward_memory = ForwardMemory.for_engine(self)
         self.scheduler = Scheduler(
             policy=config.schedule_policy,
             max_batch_size=config.max_batch_size,
@@ -117,6 +120,7 @@ class Engine:
             max_wait_time=config.max_wait_time,
             starvation_limit=config.starvation_limit,
             fixed_cost=self.window_seconds is not None and not self.strategy.supports_long_form,
+            fits_memory=self.forward_memory.fits_batch,
         )
         self.metrics = EngineMetrics()
         from oasr.engine.longform import LongForm
@@ -166,7 +170,8 @@ class Engine:
         from oasr.audio import load
 
         raw = isinstance(audio, (np.ndarray, torch.Tensor))
-        limit = self.config.max_audio_seconds  # enforced while decoding, not after
+        # encoded audio: the engine's limit is enforced while decoding (arrays are checked after, by check_duration)
+        limit = None if raw else self.config.max_audio_seconds
         return load(audio, self.sample_rate, sample_rate=sample_rate if raw else None, max_seconds=limit,
                     limit_hint="max_seconds / OASR_MAX_AUDIO_SECONDS" if limit is None
                     else "EngineConfig.max_audio_seconds, oasr serve --max-audio-seconds")
@@ -189,6 +194,8 @@ class Engine:
                     f"request {request_id}: audio is {duration:.1f} s, past the model's {window:g} s window, and "
                     f"long-form decoding is disabled (EngineConfig.long_form=False)",
                     request_id=request_id, param="file")
+        if self.config.service_mode == "offline":  # streaming forwards are chunked
+            self.forward_memory.check(duration, request_id)
 
     def _admit(self, audio: Any, request_id: str | None, sample_rate: int | None,
                decoding: DecodingOptions | None, priority: int, callback: OutputCallback | None) -> Request:
