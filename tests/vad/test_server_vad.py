@@ -69,6 +69,7 @@ async def _sdk_session(server, pcm: np.ndarray, turn_detection: dict) -> list[di
     return events
 
 
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings")  # the SDK's to_dict of its own union types
 def test_one_committed_transcript_per_sentence(server, reference, sentences):
     pcm = pcm16(sentences.audio)
     detection = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 700}
