@@ -163,6 +163,8 @@ def test_streaming_refuses_vad_filter(wenet_dir):
     engine = _engine(wenet_dir, service_mode="streaming", chunk_size=4)
     with pytest.raises(RequestError, match="vad_filter"):
         engine.add_streaming_request(decoding=DecodingOptions(vad_filter=True))
+    with pytest.raises(RequestError, match="vad_filter"):
+        engine.transcribe_outputs(np.zeros(16000, np.float32), decoding=DecodingOptions(vad_filter=True))
 
 
 def test_vad_options_travel_through_serde():

@@ -391,6 +391,9 @@ class Engine:
         if streaming or self._streaming is not None:
             if self._streaming is None:
                 raise RequestError("transcribe(streaming=True) needs an engine built with service_mode='streaming'")
+            if decoding is not None and decoding.vad_filter:
+                raise RequestError("vad_filter applies to offline requests; a stream is decoded as it arrives",
+                                   param="vad_filter")
             outputs = self._streaming.transcribe(items, decoding=decoding, sample_rate=sample_rate, progress=progress)
             return outputs[0] if single else outputs
         requests: list[Request | RequestOutput] = []
