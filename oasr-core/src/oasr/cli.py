@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 # subcommand → (module, help); each module has add_arguments(parser) and run(args) -> int
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -29,6 +32,56 @@ def run_guarded(fn: Callable[[], int]) -> int:
     except (FileExistsError, FileNotFoundError) as exc:
         print(f"oasr: error: {exc}", file=sys.stderr)
         return 2
+
+
+def resolve_device(device: str) -> str:
+    """``auto``: CUDA when torch sees a GPU, else CPU; an explicit device must exist (ConfigError)."""
+    import torch
+
+    from oasr.errors import ConfigError
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"--device {device!r} is not a device; use auto, cpu, cuda or cuda:N", key="device") from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only build" if torch.version.cuda is None else "a CUDA build that sees no GPU"
+            raise ConfigError(f"--device {device}: CUDA is not available (torch {torch.__version__} is {build}); "
+                              f"use --device cpu or auto", key="device")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) are visible",
+                              key="device")
+    elif parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"--device {device}: MPS is not available on this machine; use --device cpu", key="device")
+    return device
+
+
+def set_model_dir(path: str) -> None:
+    """Make hub downloads (and cache look-ups) use ``path`` as the huggingface_hub cache."""
+    os.environ["HF_HUB_CACHE"] = str(path)
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub import constants
+
+        constants.HF_HUB_CACHE = str(path)
+
+
+def parse_key_values(pairs: list[str], flag: str) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs as a dict, each VALUE parsed as JSON when it is JSON (else kept as text)."""
+    from oasr.errors import ConfigError
+
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{flag} expects KEY=VALUE, got {pair!r}", key=flag.lstrip("-").replace("-", "_"))
+        try:
+            options[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            options[key] = raw
+    return options
 
 
 def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
