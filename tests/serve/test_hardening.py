@@ -192,3 +192,30 @@ def test_shutdown_answers_without_waiting_for_a_step_that_does_not_end(ckpt_dir,
     assert answers and answers[0].status_code == 503, answers
     assert answers[0].json()["error"]["code"] == "aborted"
     assert answered < WAIT / 2
+
+
+def test_a_timed_out_request_stops_its_forward(ckpt_dir, speech):
+    """--request-timeout: the client gets its 503 and the engine stops computing for it (the forward
+    leaves at its next module) instead of decoding for nobody."""
+    engine = tinyctc_engine(ckpt_dir)
+    calls: list[str] = []
+
+    def slow(module, args):  # every module call of the forward takes 50 ms
+        calls.append(type(module).__name__)
+        time.sleep(0.05)
+
+    handles = [m.register_forward_pre_hook(slow) for m in engine.model.modules()]  # after the engine's own
+    try:
+        engine.transcribe(speech)
+        full, calls[:] = len(calls), []
+        assert full >= 8
+        with serving(engine, request_timeout=0.15) as srv:
+            response = httpx.post(f"{srv.url}/v1/audio/transcriptions", files={"file": ("a.wav", speech)},
+                                  data={"model": MODEL_NAME}, timeout=WAIT)
+            assert response.status_code == 503 and response.json()["error"]["code"] == "timeout"
+            wait_until(lambda: engine.metrics.finished["abort"] == 1 and not engine.has_unfinished_requests()
+                       and not engine._running, "the timed-out request to leave the engine")
+    finally:
+        for h in handles:
+            h.remove()
+    assert len(calls) < full, f"the forward ran all {full} module calls for a client that had left"
