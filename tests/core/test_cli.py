@@ -57,3 +57,23 @@ def test_convert_int8_writes_a_format_2_bundle_that_loads(tmp_path):
             b, _ = int8.forward_offline(feats, torch.tensor([40]))
         assert not torch.equal(a, b)  # the weights really are int8
         assert (a.exp() - b.exp()).abs().max() < 0.05  # and still close to fp32
+
+
+def test_a_missing_serve_extra_is_one_line_naming_it(monkeypatch, capsys):
+    """``oasr serve`` without the [serve] extra: the extra to install, in one line, no traceback."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # an import of uvicorn now fails as if absent
+    assert main(["serve", "--model", "no-such-dir-but-never-loaded"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "oasr: error: this command needs 'uvicorn', which is not installed: pip install \"oasr-core[serve]\" "
+        "(in a checkout: pip install -e \"./oasr-core[serve]\")"]
+
+
+def test_a_missing_family_is_named_with_its_extra():
+    from oasr.cli import missing_extra_message
+
+    exc = ModuleNotFoundError("No module named 'oasr_models_hf'", name="oasr_models_hf")
+    assert 'pip install "oasr-core[hf]"' in missing_extra_message(exc)
+    assert missing_extra_message(ModuleNotFoundError("x", name="not_optional")) is None

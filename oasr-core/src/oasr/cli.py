@@ -20,14 +20,40 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+#: top-level module of an optional dependency → the oasr-core extra that installs it
+EXTRAS: dict[str, str] = {
+    "fastapi": "serve", "uvicorn": "serve", "multipart": "serve", "python_multipart": "serve",
+    "prometheus_client": "serve", "websockets": "serve", "starlette": "serve",
+    "oasr_models_hf": "hf", "oasr_models_wenet": "wenet", "oasr_models_icefall": "icefall",
+    "oasr_models_funasr": "funasr", "oasr_kernels": "kernels", "numba": "kernels",
+}
+
+
+def missing_extra_message(exc: ModuleNotFoundError) -> str | None:
+    """One line naming the extra that provides a missing optional module (None: not an optional one)."""
+    top = (exc.name or "").split(".")[0]
+    extra = EXTRAS.get(top)
+    if extra is None:
+        return None
+    return (f"this command needs {top!r}, which is not installed: pip install \"oasr-core[{extra}]\" "
+            f"(in a checkout: pip install -e \"./oasr-core[{extra}]\")")
+
+
 def run_guarded(fn: Callable[[], int]) -> int:
-    """Run a command, turning an OasrError into one clear line on stderr and exit status 2."""
+    """Run a command, turning an OasrError (or a missing optional dependency) into one clear line on
+    stderr and exit status 2."""
     from oasr.errors import OasrError
 
     try:
         return fn()
     except OasrError as exc:
         print(f"oasr: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        message = missing_extra_message(exc)
+        if message is None:
+            raise
+        print(f"oasr: error: {message}", file=sys.stderr)
         return 2
     except (FileExistsError, FileNotFoundError) as exc:
         print(f"oasr: error: {exc}", file=sys.stderr)
