@@ -83,3 +83,14 @@ def test_the_scheduler_keeps_rows_apart_when_their_batch_would_not_fit(monkeypat
     first = engine.scheduler.schedule(flush=True)
     assert [r.request_id for r in first] == ["r0"]
     assert engine.forward_memory.fits_batch(2, 100) and not engine.forward_memory.fits_batch(2, 10000)
+
+
+def test_a_bad_limit_in_the_environment_is_a_config_error(monkeypatch):
+    from oasr.engine.memory import forward_limit_bytes
+    from oasr.errors import ConfigError
+
+    monkeypatch.setenv("OASR_MAX_FORWARD_BYTES", "lots")
+    with pytest.raises(ConfigError, match="OASR_MAX_FORWARD_BYTES must be a positive number of bytes, got 'lots'"):
+        forward_limit_bytes("cpu")
+    monkeypatch.setenv("OASR_MAX_FORWARD_BYTES", "8e9")
+    assert forward_limit_bytes("cpu") == (8 * 10**9, "OASR_MAX_FORWARD_BYTES")

@@ -62,7 +62,15 @@ def _max_seconds(max_seconds: float | None) -> float:
     if max_seconds is not None:
         return float(max_seconds)
     env = os.environ.get("OASR_MAX_AUDIO_SECONDS")
-    return float(env) if env else DEFAULT_MAX_SECONDS
+    if not env:
+        return DEFAULT_MAX_SECONDS
+    try:
+        seconds = float(env)
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0:
+        raise AudioError(f"OASR_MAX_AUDIO_SECONDS must be a positive number of seconds, got {env!r}")
+    return seconds
 
 
 def describe_source(source: Any) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 import torch
 
-from oasr.errors import RequestError
+from oasr.errors import ConfigError, RequestError
 
 #: score-sized tensors alive at once in one attention layer (an upper bound; see the module docstring)
 ATTENTION_COPIES = 3.0
@@ -44,7 +44,14 @@ def forward_limit_bytes(device: str | torch.device) -> tuple[int, str]:
     """(the most bytes one forward may take, where that number comes from)."""
     env = os.environ.get("OASR_MAX_FORWARD_BYTES")
     if env:
-        return int(float(env)), "OASR_MAX_FORWARD_BYTES"
+        try:
+            limit = int(float(env))
+        except ValueError:
+            limit = 0
+        if limit <= 0:
+            raise ConfigError(f"OASR_MAX_FORWARD_BYTES must be a positive number of bytes, got {env!r}",
+                              key="OASR_MAX_FORWARD_BYTES")
+        return limit, "OASR_MAX_FORWARD_BYTES"
     total = device_memory_bytes(device)
     return int(total * DEFAULT_MEMORY_SHARE), f"half of the {torch.device(device).type} memory; set OASR_MAX_FORWARD_BYTES"
 
