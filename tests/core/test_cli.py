@@ -77,3 +77,39 @@ def test_a_missing_family_is_named_with_its_extra():
     exc = ModuleNotFoundError("No module named 'oasr_models_hf'", name="oasr_models_hf")
     assert 'pip install "oasr-core[hf]"' in missing_extra_message(exc)
     assert missing_extra_message(ModuleNotFoundError("x", name="not_optional")) is None
+
+
+def _fake_hub_cache(root, hub_id: str, files: dict[str, str]):
+    """huggingface_hub's cache layout for one snapshot (what a download leaves behind)."""
+    repo = root / f"models--{hub_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    for name, text in files.items():
+        (snapshot / name).write_text(text)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    return snapshot
+
+
+def test_whisper_names_resolve_through_the_hub_cache(tmp_path, capsys, monkeypatch):
+    """`oasr download base --model-dir DIR` offline: the cached snapshot of openai/whisper-base; a name
+    that is not cached is one line saying how to fetch it."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as hc
+
+    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", True, raising=False)
+    monkeypatch.setattr(hc, "HF_HUB_CACHE", hc.HF_HUB_CACHE)  # restored after set_model_dir changes it
+    snapshot = _fake_hub_cache(tmp_path, "openai/whisper-base", {"config.json": "{}"})
+    assert main(["download", "base", "--model-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == str(snapshot.resolve())
+    assert main(["download", "turbo", "--model-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "openai/whisper-large-v3-turbo" in err and "oasr download turbo" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_openai_whisper_model_names_are_listed(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    aliases = {line.split()[0] for line in out.splitlines() if "oasr-models-hf" in line}
+    assert {"tiny.en", "tiny", "base", "small", "medium", "large-v3", "turbo"} <= aliases

@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("oasr.checkpoints.convert", "convert a checkpoint to a native bundle"),
     "models": ("oasr.cli", "list registered model architectures and aliases"),
     "plugins": ("oasr.cli", "list plugins, what they registered and load errors"),
+    "download": ("oasr.cli", "fetch a model (alias or hub id) into the local cache ahead of use"),
 }
 
 
@@ -143,6 +144,15 @@ def plugins_command(args: argparse.Namespace) -> int:
     return 1 if args.strict and any(r.error for r in plugins.plugin_records()) else 0
 
 
+def download_command(args: argparse.Namespace) -> int:
+    from oasr.models.loading import resolve_source
+
+    if args.model_dir:
+        set_model_dir(args.model_dir)
+    print(resolve_source(args.model))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from oasr import __version__
 
@@ -158,6 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
             p = sub.add_parser(name, help=help_text, description=help_text)
             p.add_argument("--strict", action="store_true", help="exit 1 if any plugin failed to load")
             p.set_defaults(func=plugins_command)
+        elif name == "download":
+            p = sub.add_parser(name, help=help_text, description=help_text)
+            p.add_argument("model", help="alias (see 'oasr models': tiny, base, large-v3, turbo, ...) or hub id")
+            p.add_argument("--model-dir", default=None, metavar="DIR",
+                           help="cache directory (default: huggingface_hub's cache)")
+            p.set_defaults(func=download_command)
         else:
             try:
                 mod = importlib.import_module(module)
