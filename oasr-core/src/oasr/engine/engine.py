@@ -476,8 +476,7 @@ ASREngine = Engine
 
 def _abandoned(request: Request) -> bool:
     """Nobody waits for ``request`` any more (it, or the long-form request it is a piece of, was aborted)."""
-    parent = getattr(request, "parent", None)
-    return request.done.is_set() or (parent is not None and parent.done.is_set())
+    return request.done.is_set() or (request.parent is not None and request.parent.done.is_set())
 
 
 def deliver(callback: OutputCallback | None, output: RequestOutput) -> None:
