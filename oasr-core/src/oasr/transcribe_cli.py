@@ -66,6 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--batch-size", type=positive_int, default=8, help="requests decoded together (default: 8)")
     model.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads")
 
+    scale = parser.add_argument_group("scale-out on Ray Data (pip install \"oasr-core[ray]\"; see docs/ray.md)")
+    scale.add_argument("--ray", action="store_true",
+                       help="transcribe on Ray Data with --workers engines; needs -o DIR; files whose outputs "
+                            "exist are skipped (a killed job resumes); inputs may also be manifests (.txt/.jsonl)")
+    scale.add_argument("--workers", type=positive_int, default=2, help="engines in the Ray actor pool (default: 2)")
+    scale.add_argument("--ray-address", default=None, help="a running Ray cluster to join (default: a local one)")
+
     out = parser.add_argument_group("output")
     out.add_argument("-f", "--format", "--output-format", dest="format", default="text",
                      choices=(*CLI_FORMATS, "all"),
@@ -243,10 +250,16 @@ def run(args: argparse.Namespace) -> int:
     from oasr.engine.formats import render
     from oasr.errors import OasrError
 
+    formats = ALL_FORMATS if args.format == "all" else (args.format,)
+    if args.ray:
+        if args.output is None:
+            return _fail("--ray writes one file per input: give an output directory with -o")
+        from oasr.ray.data import run_cli
+
+        return run_cli(args, formats)
     files = expand_inputs(args.audio)
     if not files:
         return _fail("no audio files found")
-    formats = ALL_FORMATS if args.format == "all" else (args.format,)
     if args.format == "all" and args.output is None:
         return _fail("-f all writes one file per format: give an output directory with -o")
     dests = _destinations(args.output, files, formats, args.overwrite)
