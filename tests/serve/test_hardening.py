@@ -219,3 +219,45 @@ def test_a_timed_out_request_stops_its_forward(ckpt_dir, speech):
         for h in handles:
             h.remove()
     assert len(calls) < full, f"the forward ran all {full} module calls for a client that had left"
+
+
+def test_an_upload_abandoned_during_admission_stops_decoding(ckpt_dir, tmp_path, monkeypatch):
+    """The client goes away while its 10-minute upload is being decoded: the decode stops at its next
+    block instead of finishing for nobody, and nothing reaches the engine."""
+    import asyncio
+
+    from oasr.serve.runner import EngineRunner
+
+    engine = tinyctc_engine(ckpt_dir)
+    flac = _silence_flac(tmp_path / "long.flac", 16000, 1, 600)  # 600 one-second blocks
+    blocks: list[int] = []
+    original = audio._Decoded.add
+
+    def slow_add(self, block, rate):
+        blocks.append(block.shape[1])
+        time.sleep(0.005)
+        return original(self, block, rate)
+
+    monkeypatch.setattr(audio._Decoded, "add", slow_add)
+    runner = EngineRunner(engine)
+    runner.start()
+
+    async def scenario() -> tuple[int, int]:
+        task = asyncio.ensure_future(runner.submit(flac))
+        for _ in range(2000):
+            if len(blocks) >= 5:
+                break
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        seen = len(blocks)
+        await asyncio.sleep(0.3)  # undisturbed, the decode would take ~60 more blocks in this time
+        return seen, len(blocks)
+
+    try:
+        seen, later = asyncio.run(scenario())
+    finally:
+        runner.stop()
+    assert 5 <= seen and later <= seen + 1, (seen, later)
+    assert engine.metrics.finished["abort"] == 0 and not engine.has_unfinished_requests()
