@@ -38,6 +38,8 @@ from oasr.models.loading import LoadedModel, load_pretrained
 logger = logging.getLogger("oasr.engine")
 
 OutputCallback = Callable[[RequestOutput], None]
+#: (segments now final, seconds of the request's audio decoded so far, language) — see transcribe_iter
+SegmentCallback = Callable[[list[Segment], float, "str | None"], None]
 
 
 class BatchCancelled(Exception):
@@ -72,6 +74,8 @@ class Request:
     #: long-form: the pieces a request is decoded in (see oasr.engine.longform), and for a piece its
     #: request and index
     plan: Any = None
+    #: called as windows of this request are decoded (strategies that decode window by window)
+    on_segments: SegmentCallback | None = None
     parent: Request | None = None
     piece: int = 0
 
@@ -232,16 +236,22 @@ class Engine:
 
     def add_request(self, audio: Any, *, request_id: str | None = None, sample_rate: int | None = None,
                     decoding: DecodingOptions | None = None, priority: int = 0,
-                    callback: OutputCallback | None = None) -> str:
-        """Queue one offline request; returns its id.  Bad audio or options raise here, alone."""
-        return self._submit(audio, request_id, sample_rate, decoding, priority, callback).request_id
+                    callback: OutputCallback | None = None, on_segments: SegmentCallback | None = None) -> str:
+        """Queue one offline request; returns its id.  Bad audio or options raise here, alone.
+
+        ``on_segments(segments, seconds_done, language)`` is called as the request's windows are
+        decoded, by strategies that decode window by window (the final output still goes to ``callback``).
+        """
+        return self._submit(audio, request_id, sample_rate, decoding, priority, callback,
+                            on_segments).request_id
 
     def _submit(self, audio: Any, request_id: str | None, sample_rate: int | None, decoding: DecodingOptions | None,
-                priority: int, callback: OutputCallback | None) -> Request:
+                priority: int, callback: OutputCallback | None, on_segments: SegmentCallback | None = None) -> Request:
         if self._streaming is not None:
             raise RequestError("this engine is in streaming mode: use add_streaming_request / feed_chunk, "
                                "or transcribe(..., streaming=True)")
         request = self._admit(audio, request_id, sample_rate, decoding, priority, callback)
+        request.on_segments = on_segments
         with self._lock:
             if request.request_id in self._requests:
                 raise RequestError(f"request id {request.request_id!r} is already in use",
@@ -319,7 +329,7 @@ class Engine:
 
     def _decode(self, requests: Sequence[Request]) -> list[Hypothesis | BaseException]:
         batch = DecodeBatch(request_ids=[r.request_id for r in requests], options=[r.options for r in requests],
-                            waveforms=[r.audio for r in requests])
+                            waveforms=[r.audio for r in requests], on_segments=_segment_sink(requests))
         if self.strategy.needs_features:
             from oasr.features import extract_features_batch
 
@@ -414,6 +424,13 @@ class Engine:
         outputs = [r if isinstance(r, RequestOutput) else r.output for r in requests]
         return outputs[0] if single else outputs
 
+    def transcribe_iter(self, audio: Any, *, decoding: DecodingOptions | None = None, sample_rate: int | None = None):
+        """faster-whisper's shape: ``segments, info = engine.transcribe_iter(audio)``; ``segments`` is an
+        iterator yielding each Segment as soon as it is final (see :mod:`oasr.engine.iterate`)."""
+        from oasr.engine.iterate import transcribe_iter
+
+        return transcribe_iter(self, audio, decoding=decoding, sample_rate=sample_rate)
+
     def transcribe(self, audio: Any | Sequence[Any], *, decoding: DecodingOptions | None = None,
                    sample_rate: int | None = None, streaming: bool = False):
         """Text for one input, or a list of texts in input order.
@@ -477,6 +494,23 @@ ASREngine = Engine
 def _abandoned(request: Request) -> bool:
     """Nobody waits for ``request`` any more (it, or the long-form request it is a piece of, was aborted)."""
     return request.done.is_set() or (request.parent is not None and request.parent.done.is_set())
+
+
+def _segment_sink(requests: Sequence[Request]):
+    """The batch's ``on_segments``: routes a row's final segments to its request's ``on_segments``."""
+    if not any(r.on_segments for r in requests):
+        return None
+
+    def sink(row: int, segments: list[Segment], seconds_done: float, language: str | None = None) -> None:
+        callback = requests[row].on_segments
+        if callback is None:
+            return
+        try:
+            callback(segments, seconds_done, language)
+        except Exception:
+            logger.exception("segment callback of request %s raised", requests[row].request_id)
+
+    return sink
 
 
 def deliver(callback: OutputCallback | None, output: RequestOutput) -> None:

@@ -9,6 +9,7 @@ that failed, which fails that request alone.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -16,7 +17,7 @@ import attrs
 import torch
 
 from oasr import serde
-from oasr.decoding.types import Hypothesis
+from oasr.decoding.types import Hypothesis, Segment
 from oasr.engine.options import DecodingOptions
 from oasr.errors import RequestError
 from oasr.models.base import BaseAsrModel
@@ -59,6 +60,10 @@ class DecodeBatch:
     feat_lens: torch.Tensor | None = None
     #: seconds spent per stage ("encoder", "decode"); a strategy adds what it measures
     timings: dict[str, float] = attrs.field(factory=dict)
+    #: set by the engine: a strategy that decodes a row window by window may call
+    #: ``on_segments(row, segments, seconds_done, language)`` each time segments of that row are final,
+    #: before the row's Hypothesis is returned (``seconds_done``: how much of the row's audio is decoded)
+    on_segments: Callable[[int, list[Segment], float, str | None], None] | None = None
 
     def __len__(self) -> int:
         return len(self.request_ids)
