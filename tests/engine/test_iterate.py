@@ -104,3 +104,40 @@ def test_whisper_long_recording_yields_the_first_segment_before_the_last_window(
     assert ("gate timed out", None) not in log
     assert log.index(next(e for e in log if e[0] == "segment")) < windows[-1]  # before the last window
     assert got == [(s.start, s.end, s.text.strip()) for s in reference.segments if s.text.strip()]
+
+
+def test_cli_verbose_prints_each_segment_once_as_its_window_finishes(long_speech, tmp_path, capsys, monkeypatch):
+    """--verbose: the segment lines on stderr, in order, each once; the first printed before the last
+    decoding round of the Whisper loop (both logged in the order they happen)."""
+    import json
+
+    import soundfile as sf
+
+    import oasr.transcribe_cli as cli
+    from oasr.cli import main
+    from oasr_models_hf.whisper.longform import Transcriber
+
+    path = tmp_path / "long.wav"
+    sf.write(path, long_speech, 16000, subtype="FLOAT")
+    log: list = []
+    print_segments, round_ = cli._print_segments, Transcriber._round
+
+    def logged_print(source, segments, many):
+        log.append(("print", len(segments)))
+        return print_segments(source, segments, many)
+
+    def logged_round(self, batch):
+        log.append(("round", len(batch)))
+        return round_(self, batch)
+
+    monkeypatch.setattr(cli, "_print_segments", logged_print)
+    monkeypatch.setattr(Transcriber, "_round", logged_round)
+    out = tmp_path / "out.json"
+    assert main(["transcribe", str(path), "--verbose", "-f", "verbose_json", "-o", str(out)]) == 0
+    segments = [s for s in json.loads(out.read_text())["segments"] if s["text"].strip()]
+    assert len(segments) >= 6
+    rounds = [i for i, (kind, _) in enumerate(log) if kind == "round"]
+    first_print = next(i for i, (kind, n) in enumerate(log) if kind == "print" and n)
+    assert len(rounds) >= 3 and first_print < rounds[-1]
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
+    assert [line.split("] ", 1)[1] for line in lines] == [s["text"].strip() for s in segments]

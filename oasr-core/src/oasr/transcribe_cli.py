@@ -225,10 +225,10 @@ def _destinations(output: str | None, files: list[tuple[Path, Path]], formats: t
     return dests
 
 
-def _print_segments(source: Path, output, many: bool) -> None:
+def _print_segments(source: Path, segments, many: bool) -> None:
     from oasr.engine.formats import _timestamp
 
-    for seg in output.segments or []:
+    for seg in segments:
         label = f"{source}: " if many else ""
         print(f"{label}[{_timestamp(seg.start, decimal='.')} --> {_timestamp(seg.end, decimal='.')}] "
               f"{seg.text.strip()}", file=sys.stderr, flush=True)
@@ -267,18 +267,29 @@ def run(args: argparse.Namespace) -> int:
     layout = _layout(args)
     many = len(files) > 1
     state = {"failures": 0, "written": 0, "next": 0}
+    #: per input: audio seconds already counted on the bar, segments already printed (--verbose)
+    counted: dict[int, float] = {}
+    printed: dict[int, int] = {}
+
+    def window(index: int, segments, seconds_done: float) -> None:
+        """A window of ``index`` is decoded: advance the bar, print its segments as they are final."""
+        bar.update(round(seconds_done - counted.get(index, 0.0), 3))
+        counted[index] = seconds_done
+        if args.verbose:
+            _print_segments(files[index][0], [s for s in segments if s.text.strip()], many)
+            printed[index] = printed.get(index, 0) + len(segments)
     done: dict[int, str] = {}
 
     def finish(index: int, output) -> None:
         source = files[index][0]
-        bar.update(round(output.duration or 0.0, 1))
+        bar.update(round((output.duration or 0.0) - counted.get(index, 0.0), 3))
         if output.finish_reason == "error":
             state["failures"] += 1
             bar.write(f"oasr: error: {source}: {output.error}", file=sys.stderr)
             done[index] = ""
         else:
             if args.verbose:
-                _print_segments(source, output, many)
+                _print_segments(source, (output.segments or [])[printed.get(index, 0):], many)
             texts = [render(output, fmt, task=decoding.task, layout=layout) for fmt in formats]
             if dests is not None:
                 for path, text in zip(dests[index], texts, strict=True):
@@ -308,7 +319,8 @@ def run(args: argparse.Namespace) -> int:
                     if isinstance(samples, OasrError):
                         raise samples
                     engine.add_request(samples, sample_rate=engine.sample_rate, decoding=decoding,
-                                       callback=lambda out, i=index: finish(i, out))
+                                       callback=lambda out, i=index: finish(i, out),
+                                       on_segments=lambda segs, done, _lang, i=index: window(i, segs, done))
                 except OasrError as exc:
                     from oasr.engine.options import RequestOutput
 
