@@ -13,6 +13,19 @@ stopped (SIGTERM, then SIGKILL after a grace period) whatever happens.  Traffic 
     python benchmarks/serve.py                                   # whisper-tiny.en, 32 clients, 60 s
     python benchmarks/serve.py --model ../shared/fixtures/wenet_u2pp/model --duration 20
     python benchmarks/serve.py --tinyctc --clients 8 --duration 5  # the test plugin: server overhead
+
+Hostile-client scenarios (``--scenario``), each against one server at the first batch size:
+
+``slow-clients``
+    the good clients' throughput and latency alone, then again while ``--slow-clients`` uploads
+    trickle their bodies one byte every 3 s (they hold upload slots, never concurrency slots); the
+    ratio of good throughput with and without them.
+``abandoned``
+    the idle latency of one ``--short-seconds`` request (median of 5), then a ``--long-seconds``
+    silent FLAC upload whose client goes away ``--abandon-after`` seconds after it was admitted (its
+    decode running), then the short request
+    again: its latency over the idle latency (compute follows clients: the abandoned forward leaves
+    at its next module).
 """
 
 from __future__ import annotations
@@ -50,6 +63,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="the server's torch threads")
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--request-timeout", type=float, default=300.0)
+    p.add_argument("--scenario", choices=("load", "slow-clients", "abandoned"), default="load")
+    p.add_argument("--slow-clients", type=int, default=64, help="slow-clients: trickling uploads")
+    p.add_argument("--short-seconds", type=float, default=4.0, help="abandoned: the good request's audio")
+    p.add_argument("--long-seconds", type=float, default=1200.0, help="abandoned: the abandoned upload's audio")
+    p.add_argument("--abandon-after", type=float, default=3.0,
+                   help="abandoned: seconds after the long request is admitted that its client goes away")
     return p.parse_args(argv)
 
 
@@ -146,6 +165,111 @@ def scrape_batch_size(port: int) -> float | None:
     return values["oasr_batch_size_sum"] / count if count else None
 
 
+async def trickle(port: int, audio: bytes, count: int, stop_at: float) -> int:
+    """``count`` uploads that send their head and a byte of body every 3 s until ``stop_at``; how many the
+    server answered (its body deadline) before then."""
+    request = httpx.Request("POST", f"http://127.0.0.1:{port}/v1/audio/transcriptions",
+                            files={"file": ("clip.wav", audio, "audio/wav")}, data={"model": "bench"})
+    body = request.read()
+    head = ("POST /v1/audio/transcriptions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            + "".join(f"{k}: {v}\r\n" for k, v in request.headers.items() if k.lower() != "host") + "\r\n").encode()
+    answered = 0
+
+    async def one() -> None:
+        nonlocal answered
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(head + body[:1])
+            for i in range(1, len(body)):
+                if time.monotonic() >= stop_at:
+                    return
+                try:
+                    if await asyncio.wait_for(reader.read(1), 3.0):
+                        answered += 1
+                        return
+                except TimeoutError:
+                    pass
+                writer.write(body[i:i + 1])
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(one() for _ in range(count)), return_exceptions=True)
+    return answered
+
+
+def slow_clients(args: argparse.Namespace, port: int, audio: bytes, clip_seconds: float) -> None:
+    alone = asyncio.run(load(port, audio, clients=args.clients, warmup=args.warmup, duration=args.duration,
+                             timeout=args.request_timeout))
+
+    async def with_tricklers() -> tuple[dict, int]:
+        stop_at = time.monotonic() + args.warmup + args.duration
+        slow = asyncio.ensure_future(trickle(port, audio, args.slow_clients, stop_at))
+        result = await load(port, audio, clients=args.clients, warmup=args.warmup, duration=args.duration,
+                            timeout=args.request_timeout)
+        return result, await slow
+
+    loaded, answered = asyncio.run(with_tricklers())
+    rates = []
+    for name, result in (("alone", alone), (f"+{args.slow_clients} slow", loaded)):
+        lat = np.array(result["latencies"])
+        rates.append(len(lat) / args.duration)
+        p50, p95 = np.percentile(lat, [50, 95]) if len(lat) else (float("nan"),) * 2
+        errors = ", ".join(f"{k}: {v}" for k, v in result["errors"].items()) or "0"
+        print(f"{name:>12}: {rates[-1]:.2f} good req/s, p50 {p50:.3f} s, p95 {p95:.3f} s, errors {errors}", flush=True)
+    print(f"slow uploads answered 408 by the body deadline within the run: {answered}")
+    print(f"good throughput with / without slow uploads: {rates[1] / rates[0]:.2f}x" if rates[0] else "no baseline")
+
+
+def abandoned(args: argparse.Namespace, port: int, audio: bytes) -> None:
+    import io
+
+    samples, rate = sf.read(io.BytesIO(audio), dtype="int16")
+    short = io.BytesIO()
+    sf.write(short, samples[: int(args.short_seconds * rate)], rate, format="WAV")
+    short_bytes = short.getvalue()
+    long = io.BytesIO()
+    sf.write(long, np.zeros(int(args.long_seconds * 16000), np.int16), 16000, format="FLAC")
+    url = f"http://127.0.0.1:{port}/v1/audio/transcriptions"
+
+    def timed() -> float:
+        t0 = time.monotonic()
+        response = httpx.post(url, files={"file": ("short.wav", short_bytes)}, data={"model": "bench"},
+                              timeout=args.request_timeout)
+        response.raise_for_status()
+        return time.monotonic() - t0
+
+    timed()  # warm-up
+    idle = float(np.median([timed() for _ in range(5)]))
+
+    async def abandon() -> None:
+        async with httpx.AsyncClient(timeout=args.request_timeout) as http:
+            task = asyncio.ensure_future(http.post(url, files={"file": ("long.flac", long.getvalue())},
+                                                   data={"model": "bench"}))
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and "oasr_in_flight_requests 1.0" not in scrape(port):
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(args.abandon_after)  # admission (decode, resample) done, the forward running
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(abandon())
+    after = timed()
+    print(f"idle latency of a {args.short_seconds:g} s request: {idle:.3f} s; right after abandoning a "
+          f"{args.long_seconds:g} s upload mid-decode: {after:.3f} s ({after / idle:.2f}x idle)")
+    t0 = time.monotonic()
+    status = httpx.post(url, files={"file": ("long.flac", long.getvalue())}, data={"model": "bench"},
+                        timeout=args.request_timeout).status_code
+    print(f"the same {args.long_seconds:g} s upload decoded to the end (what an abandoned one cost before "
+          f"cancellation): {time.monotonic() - t0:.1f} s (HTTP {status})")
+
+
+def scrape(port: int) -> str:
+    return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     samples, rate = sf.read(args.audio, dtype="float32")
@@ -166,6 +290,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: {'tinyctc (random)' if args.tinyctc else args.model}; clip {args.audio.name} {clip_seconds:.2f} s; "
           f"{args.clients} clients, {args.duration:g} s measured after {args.warmup:g} s warm-up; server threads "
           f"{args.threads}, max-wait-time {args.max_wait_time:g} s")
+    if args.scenario != "load":
+        port = free_port()
+        proc = launch(args, model, int(args.batch_sizes.split(",")[0]), port)
+        try:
+            wait_ready(proc, port, args.startup_timeout)
+            if args.scenario == "slow-clients":
+                slow_clients(args, port, audio, clip_seconds)
+            else:
+                abandoned(args, port, audio)
+        finally:
+            stop(proc)
+            if tmp is not None:
+                tmp.cleanup()
+        return 0
     print(f"{'batch':>5} {'req/s':>8} {'audio s/s':>10} {'p50 s':>8} {'p95 s':>8} {'p99 s':>8} {'mean batch':>10} "
           f"{'requests':>8}  errors")
     throughput = {}

@@ -33,7 +33,59 @@ def cli_page() -> str:
     for name, sub in subparsers.choices.items():
         parts.append(f"## `oasr {name}`\n")
         parts.append("```text\n" + _help(sub) + "```\n")
+        if name == "transcribe":
+            parts.append(reference_table(sub))
     return "\n".join(parts)
+
+
+def _served_by(field: str | None) -> str:
+    """The registered decode methods that take option ``field`` (per request or engine-level)."""
+    import attrs
+
+    from oasr import plugins
+    from oasr.engine.options import DecodingOptions
+
+    if field is None:
+        return "all"
+    request_fields = {f.name for f in attrs.fields(DecodingOptions)}
+    methods = []
+    for entry in sorted(plugins.registry("decoders"), key=lambda e: e.name):
+        cls = entry.load()
+        if (field in request_fields and field in cls.supported_options) or \
+                field in {f.name for f in attrs.fields(cls.options_class)}:
+            methods.append(f"`{entry.name}`")
+    return ", ".join(methods) or "none yet"
+
+
+def reference_table(parser: argparse.ArgumentParser) -> str:
+    """Every openai-whisper CLI / faster-whisper ``transcribe()`` option and the ``oasr transcribe`` flag
+    that serves it; a flag the table names that the parser lacks fails generation."""
+    from oasr.transcribe_flags import FLAGS, REFERENCE_OPTIONS
+
+    known = set(parser._option_string_actions)
+    fields = {f"--{f.name}": f.field for f in FLAGS}
+    fields.update({"--temperature": "temperature", "--temperature-increment-on-fallback": "temperature",
+                   "--language": "language", "--task": "task", "--word-timestamps": "word_timestamps"})
+    lines = ["### openai-whisper and faster-whisper options\n",
+             "Every option of openai-whisper's command line and of faster-whisper's `WhisperModel.transcribe()`, "
+             "and the `oasr transcribe` flag that serves it (openai-whisper's underscore spellings, such as "
+             "`--beam_size 5` or `--condition_on_previous_text False`, are accepted too). *Decode methods* lists the "
+             "registered decode strategies that take the option; any other refuses the flag in one line. Each "
+             "flag is checked against openai-whisper on the same weights in `tests/engine/test_cli_parity.py`.\n",
+             "| openai-whisper CLI | faster-whisper `transcribe()` | `oasr transcribe` | decode methods | note |",
+             "|---|---|---|---|---|"]
+    for openai, faster, flag, note in REFERENCE_OPTIONS:
+        if flag is not None and flag != "AUDIO...":
+            for option in flag.split(" / "):
+                if option not in known:
+                    raise SystemExit(f"docs table names {option}, which oasr transcribe does not have")
+        served = "—" if flag is None else _served_by(fields.get(flag)) if flag in fields else "all"
+
+        def cell(value: str | None) -> str:
+            return "—" if value is None else f"`{value}`"
+
+        lines.append(f"| {cell(openai)} | {cell(faster)} | {cell(flag)} | {served} | {note} |")
+    return "\n".join(lines) + "\n"
 
 
 def registry_page() -> str:

@@ -6,8 +6,10 @@ install_oasr -r requirements/test.txt
 # Reference implementations that must not pull their full dependency trees:
 #  - openai-whisper would pull ~1 GB of triton it does not need on CPU;
 #  - PyPI has no torchaudio for torch 2.13; its pure-Python Kaldi compliance code is the fbank
-#    reference, so its compiled libraries (built for another torch) are moved out of the package.
-"${PIP[@]}" install --no-deps "openai-whisper==20250625" "torchaudio==2.11.*" "useful-moonshine-onnx" 2>&1 | grep -v "is ignored" || true
+#    reference, so its compiled libraries (built for another torch) are moved out of the package;
+#  - pyctcdecode pins numpy<2, which the rest (Ray Data's pyarrow) cannot run with; it works on numpy 2.
+"${PIP[@]}" install --no-deps "openai-whisper==20250625" "torchaudio==2.11.*" "useful-moonshine-onnx" \
+    "pyctcdecode==0.5.0" 2>&1 | grep -v "is ignored" || true
 "$VENV/bin/python" - <<'PY'
 import pathlib, shutil, sysconfig
 lib = pathlib.Path(sysconfig.get_paths()["purelib"]) / "torchaudio" / "lib"

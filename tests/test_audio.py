@@ -301,3 +301,9 @@ def test_out_of_range_float_files_are_refused(scale):
         audio.load(data)
     in_range = _encode_soundfile(_voice(16000), 16000, "WAV", "FLOAT")
     np.testing.assert_allclose(audio.load(in_range), _voice(16000), atol=1e-6)
+
+
+def test_a_bad_duration_limit_in_the_environment_is_an_audio_error(monkeypatch):
+    monkeypatch.setenv("OASR_MAX_AUDIO_SECONDS", "forever")
+    with pytest.raises(AudioError, match="OASR_MAX_AUDIO_SECONDS must be a positive number of seconds"):
+        audio.load(_voice(16000))

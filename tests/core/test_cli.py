@@ -84,7 +84,7 @@ def test_engine_flags_of_transcribe_and_serve_are_the_engine_config_fields():
                                      *serve_cli.SERVER_ENGINE_FIELDS))):
         assert {n: defaults[n] for n in names} == {n: fields[n].default for n in names}
     shared = set(transcribe_cli.ENGINE_FIELDS) & set(serve)
-    assert {"max_batch_size", "device", "num_threads", "decode_method"} <= shared
+    assert {"max_batch_size", "num_threads", "decode_method", "dtype", "quantization"} <= shared
     assert transcribe["max_batch_size"] == serve["max_batch_size"] == EngineConfig().max_batch_size
 
 
@@ -117,3 +117,59 @@ def test_engine_config_validators_raise_config_error_naming_the_field():
         EngineConfig(schedule_policy="random")
     with pytest.raises(ConfigError, match="EngineConfig.max_queue: must be positive or None, got -1"):
         EngineConfig(max_queue=-1)
+
+
+def test_a_missing_serve_extra_is_one_line_naming_it(monkeypatch, capsys):
+    """``oasr serve`` without the [serve] extra: the extra to install, in one line, no traceback."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # an import of uvicorn now fails as if absent
+    assert main(["serve", "--model", "no-such-dir-but-never-loaded"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "oasr: error: this command needs 'uvicorn', which is not installed: pip install \"oasr-core[serve]\" "
+        "(in a checkout: pip install -e \"./oasr-core[serve]\")"]
+
+
+def test_a_missing_family_is_named_with_its_extra():
+    from oasr.cli import missing_extra_message
+
+    exc = ModuleNotFoundError("No module named 'oasr_models_hf'", name="oasr_models_hf")
+    assert 'pip install "oasr-core[hf]"' in missing_extra_message(exc)
+    assert missing_extra_message(ModuleNotFoundError("x", name="not_optional")) is None
+
+
+def _fake_hub_cache(root, hub_id: str, files: dict[str, str]):
+    """huggingface_hub's cache layout for one snapshot (what a download leaves behind)."""
+    repo = root / f"models--{hub_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    for name, text in files.items():
+        (snapshot / name).write_text(text)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    return snapshot
+
+
+def test_whisper_names_resolve_through_the_hub_cache(tmp_path, capsys, monkeypatch):
+    """`oasr download base --model-dir DIR` offline: the cached snapshot of openai/whisper-base; a name
+    that is not cached is one line saying how to fetch it."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as hc
+
+    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", True, raising=False)
+    monkeypatch.setattr(hc, "HF_HUB_CACHE", hc.HF_HUB_CACHE)  # restored after set_model_dir changes it
+    snapshot = _fake_hub_cache(tmp_path, "openai/whisper-base", {"config.json": "{}"})
+    assert main(["download", "base", "--model-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == str(snapshot.resolve())
+    assert main(["download", "turbo", "--model-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "openai/whisper-large-v3-turbo" in err and "oasr download turbo" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_openai_whisper_model_names_are_listed(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    aliases = {line.split()[0] for line in out.splitlines() if "oasr-models-hf" in line}
+    assert {"tiny.en", "tiny", "base", "small", "medium", "large-v3", "turbo"} <= aliases

@@ -163,6 +163,8 @@ def test_streaming_refuses_vad_filter(wenet_dir):
     engine = _engine(wenet_dir, service_mode="streaming", chunk_size=4)
     with pytest.raises(RequestError, match="vad_filter"):
         engine.add_streaming_request(decoding=DecodingOptions(vad_filter=True))
+    with pytest.raises(RequestError, match="vad_filter"):
+        engine.transcribe_outputs(np.zeros(16000, np.float32), decoding=DecodingOptions(vad_filter=True))
 
 
 def test_vad_options_travel_through_serde():
@@ -281,3 +283,42 @@ def test_transcribe_cli_vad(wenet_dir, recording, tmp_path, capsys):
     assert [(s["start"], s["end"]) for s in body["segments"]] == [(s.start, s.end) for s in expected.segments]
     assert body["text"] == expected.text
     assert len(expected.silences) >= 2
+
+
+def test_time_map_matches_faster_whisper():
+    """Joined-speech times map back to the original audio by faster-whisper's rules (same chunk choice)."""
+    from faster_whisper.vad import SpeechTimestampsMap
+
+    from oasr.engine.longform import _TimeMap
+    from oasr.vad import SpeechSpan
+
+    rng = np.random.default_rng(0)
+    edges = np.sort(rng.choice(np.arange(0, 3_000_000, 160), 20, replace=False))
+    spans = [SpeechSpan(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2])]
+    ours = _TimeMap(spans, RATE)
+    theirs = SpeechTimestampsMap([{"start": s.start, "end": s.end} for s in spans], RATE)
+    joined = sum(s.end - s.start for s in spans) / RATE
+    for t in np.linspace(0, joined, 997).tolist() + [e / RATE for e in ours.ends]:
+        for is_end in (False, True):
+            assert ours.index(t, is_end) == theirs.get_chunk_index(t, is_end)
+            assert abs(ours.original(t, is_end=is_end) - theirs.get_original_time(t, is_end=is_end)) <= 0.0051
+
+
+def test_a_failing_piece_fails_its_request_alone(wenet_dir, recording):
+    engine = _engine(wenet_dir, long_form_seconds=10.0, max_batch_size=1)
+    original = engine.strategy.decode
+    ids = {}
+
+    def decode(batch):
+        if f"{ids['long']}#2" in batch.request_ids:
+            raise RuntimeError("boom")
+        return original(batch)
+
+    engine.strategy.decode = decode
+    ids["long"] = long_id = engine.add_request(recording.audio)
+    short_id = engine.add_request(recording.audio[: 5 * RATE])
+    outputs = {o.request_id: o for o in engine.run()}
+    assert outputs[long_id].finish_reason == "error" and "segment 2" in outputs[long_id].error
+    assert "boom" in outputs[long_id].error
+    assert outputs[short_id].finish_reason == "stop"
+    assert not engine.has_unfinished_requests()

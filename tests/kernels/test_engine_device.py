@@ -118,3 +118,19 @@ def test_a_cpu_streaming_engine_runs_without_graphs_and_says_why(fixtures_dir):
     assert engine.device == torch.device("cpu")
     assert executor.extractor.device == torch.device("cpu")
     engine.shutdown()
+
+
+def test_offline_features_are_extracted_on_the_model_device(fixtures_dir, monkeypatch):
+    import oasr.features
+
+    original = oasr.features.extract_features_batch
+    devices = []
+
+    def recording(waveforms, config, lengths=None, *, device=None):
+        devices.append(device)
+        return original(waveforms, config, lengths, device=device)
+
+    monkeypatch.setattr(oasr.features, "extract_features_batch", recording)
+    engine = Engine(EngineConfig(model=str(fixtures_dir / "wenet_u2pp" / "model")))
+    assert engine.transcribe_outputs([torch.zeros(8000).numpy() + 0.01])[0].finished
+    assert devices == [engine.model.device]

@@ -85,3 +85,14 @@ def test_a_worker_killed_mid_job_loses_and_duplicates_nothing(ray_cluster, corpu
     assert summary.ok and sorted(summary.transcribed) == sorted(str(p) for p in corpus.rglob("*.wav"))
     written = _written(out)
     assert written == in_process  # every file once, none partial (no temporary file left behind)
+
+
+def test_oasr_transcribe_ray_equals_oasr_transcribe_file_for_file(ray_cluster, corpus, wenet_model, tmp_path):
+    from oasr.cli import main
+
+    common = [str(corpus), "--model", str(wenet_model), "-f", "srt", "--no-progress"]
+    assert main(["transcribe", *common, "-o", str(tmp_path / "local")]) == 0
+    assert main(["transcribe", *common, "-o", str(tmp_path / "ray"), "--ray", "--workers", "2"]) == 0
+    local, ray = _written(tmp_path / "local"), _written(tmp_path / "ray")
+    assert len(local) == 42 and ray == local
+    assert main(["transcribe", *common, "--ray"]) == 2  # --ray needs an output directory

@@ -192,3 +192,72 @@ def test_shutdown_answers_without_waiting_for_a_step_that_does_not_end(ckpt_dir,
     assert answers and answers[0].status_code == 503, answers
     assert answers[0].json()["error"]["code"] == "aborted"
     assert answered < WAIT / 2
+
+
+def test_a_timed_out_request_stops_its_forward(ckpt_dir, speech):
+    """--request-timeout: the client gets its 503 and the engine stops computing for it (the forward
+    leaves at its next module) instead of decoding for nobody."""
+    engine = tinyctc_engine(ckpt_dir)
+    calls: list[str] = []
+
+    def slow(module, args):  # every module call of the forward takes 50 ms
+        calls.append(type(module).__name__)
+        time.sleep(0.05)
+
+    handles = [m.register_forward_pre_hook(slow) for m in engine.model.modules()]  # after the engine's own
+    try:
+        engine.transcribe(speech)
+        full, calls[:] = len(calls), []
+        assert full >= 8
+        with serving(engine, request_timeout=0.15) as srv:
+            response = httpx.post(f"{srv.url}/v1/audio/transcriptions", files={"file": ("a.wav", speech)},
+                                  data={"model": MODEL_NAME}, timeout=WAIT)
+            assert response.status_code == 503 and response.json()["error"]["code"] == "timeout"
+            wait_until(lambda: engine.metrics.finished["abort"] == 1 and not engine.has_unfinished_requests()
+                       and not engine._running, "the timed-out request to leave the engine")
+    finally:
+        for h in handles:
+            h.remove()
+    assert len(calls) < full, f"the forward ran all {full} module calls for a client that had left"
+
+
+def test_an_upload_abandoned_during_admission_stops_decoding(ckpt_dir, tmp_path, monkeypatch):
+    """The client goes away while its 10-minute upload is being decoded: the decode stops at its next
+    block instead of finishing for nobody, and nothing reaches the engine."""
+    import asyncio
+
+    from oasr.serve.runner import EngineRunner
+
+    engine = tinyctc_engine(ckpt_dir)
+    flac = _silence_flac(tmp_path / "long.flac", 16000, 1, 600)  # 600 one-second blocks
+    blocks: list[int] = []
+    original = audio._Decoded.add
+
+    def slow_add(self, block, rate):
+        blocks.append(block.shape[1])
+        time.sleep(0.005)
+        return original(self, block, rate)
+
+    monkeypatch.setattr(audio._Decoded, "add", slow_add)
+    runner = EngineRunner(engine)
+    runner.start()
+
+    async def scenario() -> tuple[int, int]:
+        task = asyncio.ensure_future(runner.submit(flac))
+        for _ in range(2000):
+            if len(blocks) >= 5:
+                break
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        seen = len(blocks)
+        await asyncio.sleep(0.3)  # undisturbed, the decode would take ~60 more blocks in this time
+        return seen, len(blocks)
+
+    try:
+        seen, later = asyncio.run(scenario())
+    finally:
+        runner.stop()
+    assert 5 <= seen and later <= seen + 1, (seen, later)
+    assert engine.metrics.finished["abort"] == 0 and not engine.has_unfinished_requests()

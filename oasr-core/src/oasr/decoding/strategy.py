@@ -14,7 +14,7 @@ its own head (a CTC projection, a predictor and joiner, ...).  The executor know
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -22,7 +22,7 @@ import attrs
 import torch
 
 from oasr import serde
-from oasr.decoding.types import Hypothesis
+from oasr.decoding.types import Hypothesis, Segment
 from oasr.errors import RequestError
 from oasr.models.base import BaseAsrModel
 from oasr.models.interfaces import Requirement, check_requirements
@@ -67,6 +67,10 @@ class DecodeBatch:
     feat_lens: torch.Tensor | None = None
     #: seconds spent per stage ("encoder", "decode"); a strategy adds what it measures
     timings: dict[str, float] = attrs.field(factory=dict)
+    #: set by the engine: a strategy that decodes a row window by window may call
+    #: ``on_segments(row, segments, seconds_done, language)`` each time segments of that row are final,
+    #: before the row's Hypothesis is returned (``seconds_done``: how much of the row's audio is decoded)
+    on_segments: Callable[[int, list[Segment], float, str | None], None] | None = None
 
     def __len__(self) -> int:
         return len(self.request_ids)

@@ -28,7 +28,7 @@ from oasr import plugins, serde
 from oasr.checkpoints.loaded import LoadedModel
 from oasr.checkpoints.loading import load_pretrained
 from oasr.decoding.strategy import DecodeBatch, DecodeContext, DecodeStrategy
-from oasr.decoding.types import Hypothesis
+from oasr.decoding.types import Hypothesis, Segment
 from oasr.engine.config import EngineConfig
 from oasr.engine.device import engine_device
 from oasr.engine.metrics import EngineMetrics
@@ -38,6 +38,10 @@ from oasr.engine.scheduler import Scheduler
 from oasr.errors import CapabilityError, EngineFullError, OasrError, RequestError, TranscriptionError
 
 logger = logging.getLogger("oasr.engine")
+
+#: (segments now final, seconds of the request's audio decoded so far, language) — see transcribe_iter
+SegmentCallback = Callable[[list[Segment], float, "str | None"], None]
+
 
 class BatchCancelled(Exception):
     """Raised inside a forward when every request of the running batch has been aborted."""
@@ -71,6 +75,8 @@ class Request:
     #: long-form: the pieces a request is decoded in (see oasr.engine.longform), and for a piece its
     #: request and index
     plan: Any = None
+    #: called as windows of this request are decoded (strategies that decode window by window)
+    on_segments: SegmentCallback | None = None
     parent: Request | None = None
     piece: int = 0
 
@@ -109,6 +115,9 @@ class Engine:
         self.strategy = self._build_strategy()
         self.window_seconds: float | None = getattr(self.feature_config, "fixed_window_seconds", None)
         self._hop = max(1, round(self.sample_rate * self.feature_config.frame_shift_ms / 1000.0))
+        from oasr.engine.memory import ForwardMemory
+
+        self.forward_memory = ForwardMemory.for_engine(self)
         self.scheduler = Scheduler(
             policy=config.schedule_policy,
             max_batch_size=config.max_batch_size,
@@ -117,6 +126,7 @@ class Engine:
             max_wait_time=config.max_wait_time,
             starvation_limit=config.starvation_limit,
             fixed_cost=self.window_seconds is not None and not self.strategy.supports_long_form,
+            fits_memory=self.forward_memory.fits_batch,
         )
         self.metrics = EngineMetrics()
         from oasr.engine.longform import LongForm
@@ -173,7 +183,8 @@ class Engine:
         from oasr.audio import load
 
         raw = isinstance(audio, (np.ndarray, torch.Tensor))
-        limit = self.config.max_audio_seconds  # enforced while decoding, not after
+        # encoded audio: the engine's limit is enforced while decoding (arrays are checked after, by check_duration)
+        limit = None if raw else self.config.max_audio_seconds
         return load(audio, self.sample_rate, sample_rate=sample_rate if raw else None, max_seconds=limit,
                     limit_hint="max_seconds / OASR_MAX_AUDIO_SECONDS" if limit is None
                     else "EngineConfig.max_audio_seconds, oasr serve --max-audio-seconds")
@@ -196,6 +207,8 @@ class Engine:
                     f"request {request_id}: audio is {duration:.1f} s, past the model's {window:g} s window, and "
                     f"long-form decoding is disabled (EngineConfig.long_form=False)",
                     request_id=request_id, param="file")
+        if self.config.service_mode == "offline":  # streaming forwards are chunked
+            self.forward_memory.check(duration, request_id)
 
     def _admit(self, audio: Any, request_id: str | None, sample_rate: int | None,
                decoding: DecodingOptions | None, priority: int, callback: OutputCallback | None) -> Request:
@@ -232,16 +245,22 @@ class Engine:
 
     def add_request(self, audio: Any, *, request_id: str | None = None, sample_rate: int | None = None,
                     decoding: DecodingOptions | None = None, priority: int = 0,
-                    callback: OutputCallback | None = None) -> str:
-        """Queue one offline request; returns its id.  Bad audio or options raise here, alone."""
-        return self._submit(audio, request_id, sample_rate, decoding, priority, callback).request_id
+                    callback: OutputCallback | None = None, on_segments: SegmentCallback | None = None) -> str:
+        """Queue one offline request; returns its id.  Bad audio or options raise here, alone.
+
+        ``on_segments(segments, seconds_done, language)`` is called as the request's windows are
+        decoded, by strategies that decode window by window (the final output still goes to ``callback``).
+        """
+        return self._submit(audio, request_id, sample_rate, decoding, priority, callback,
+                            on_segments).request_id
 
     def _submit(self, audio: Any, request_id: str | None, sample_rate: int | None, decoding: DecodingOptions | None,
-                priority: int, callback: OutputCallback | None) -> Request:
+                priority: int, callback: OutputCallback | None, on_segments: SegmentCallback | None = None) -> Request:
         if self._streaming is not None:
             raise RequestError("this engine is in streaming mode: use add_streaming_request / feed_chunk, "
                                "or transcribe(..., streaming=True)")
         request = self._admit(audio, request_id, sample_rate, decoding, priority, callback)
+        request.on_segments = on_segments
         with self._lock:
             if request.request_id in self._requests:
                 raise RequestError(f"request id {request.request_id!r} is already in use",
@@ -319,7 +338,7 @@ class Engine:
 
     def _decode(self, requests: Sequence[Request]) -> list[Hypothesis | BaseException]:
         batch = DecodeBatch(request_ids=[r.request_id for r in requests], options=[r.options for r in requests],
-                            waveforms=[r.audio for r in requests])
+                            waveforms=[r.audio for r in requests], on_segments=_segment_sink(requests))
         if self.strategy.needs_features:
             from oasr.features import extract_features_batch
 
@@ -391,6 +410,9 @@ class Engine:
         if streaming or self._streaming is not None:
             if self._streaming is None:
                 raise RequestError("transcribe(streaming=True) needs an engine built with service_mode='streaming'")
+            if decoding is not None and decoding.vad_filter:
+                raise RequestError("vad_filter applies to offline requests; a stream is decoded as it arrives",
+                                   param="vad_filter")
             outputs = self._streaming.transcribe(items, decoding=decoding, sample_rate=sample_rate, progress=progress)
             return outputs[0] if single else outputs
         requests: list[Request | RequestOutput] = []
@@ -410,6 +432,13 @@ class Engine:
                         item.done.wait(0.001)
         outputs = [r if isinstance(r, RequestOutput) else r.output for r in requests]
         return outputs[0] if single else outputs
+
+    def transcribe_iter(self, audio: Any, *, decoding: DecodingOptions | None = None, sample_rate: int | None = None):
+        """faster-whisper's shape: ``segments, info = engine.transcribe_iter(audio)``; ``segments`` is an
+        iterator yielding each Segment as soon as it is final (see :mod:`oasr.engine.iterate`)."""
+        from oasr.engine.iterate import transcribe_iter
+
+        return transcribe_iter(self, audio, decoding=decoding, sample_rate=sample_rate)
 
     def transcribe(self, audio: Any | Sequence[Any], *, decoding: DecodingOptions | None = None,
                    sample_rate: int | None = None, streaming: bool = False):
@@ -472,5 +501,22 @@ ASREngine = Engine
 
 def _abandoned(request: Request) -> bool:
     """Nobody waits for ``request`` any more (it, or the long-form request it is a piece of, was aborted)."""
-    parent = getattr(request, "parent", None)
-    return request.done.is_set() or (parent is not None and parent.done.is_set())
+    return request.done.is_set() or (request.parent is not None and request.parent.done.is_set())
+
+
+def _segment_sink(requests: Sequence[Request]):
+    """The batch's ``on_segments``: routes a row's final segments to its request's ``on_segments``."""
+    if not any(r.on_segments for r in requests):
+        return None
+
+    def sink(row: int, segments: list[Segment], seconds_done: float, language: str | None = None) -> None:
+        callback = requests[row].on_segments
+        if callback is None:
+            return
+        try:
+            callback(segments, seconds_done, language)
+        except Exception:
+            logger.exception("segment callback of request %s raised", requests[row].request_id)
+
+    return sink
+

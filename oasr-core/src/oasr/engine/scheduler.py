@@ -12,12 +12,14 @@ Policies order the candidates; one greedy fill then respects the batch limits:
 
 Priorities come before policy (higher first), and a request passed over ``starvation_limit`` times
 is scheduled next whatever its length or priority.  A model with a fixed input window costs the
-same for every row, so padding limits do not apply to it.
+same for every row, so padding limits do not apply to it.  ``fits_memory(batch_size, longest_cost)``,
+when given, vetoes a batch whose forward would not fit in memory (see :mod:`oasr.engine.memory`).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -32,7 +34,8 @@ class Schedulable(Protocol):
 
 class Scheduler:
     def __init__(self, *, policy: str, max_batch_size: int, max_batch_frames: int | None,
-                 max_pad_ratio: float, max_wait_time: float, starvation_limit: int, fixed_cost: bool = False):
+                 max_pad_ratio: float, max_wait_time: float, starvation_limit: int, fixed_cost: bool = False,
+                 fits_memory: Callable[[int, int], bool] | None = None):
         self.policy = policy
         self.max_batch_size = max_batch_size
         self.max_batch_frames = max_batch_frames
@@ -40,6 +43,7 @@ class Scheduler:
         self.max_wait_time = max_wait_time
         self.starvation_limit = starvation_limit
         self.fixed_cost = fixed_cost
+        self.fits_memory = fits_memory
         self.waiting: dict[str, Schedulable] = {}
 
     def __len__(self) -> int:
@@ -72,6 +76,9 @@ class Scheduler:
 
     def _fits(self, batch: list[Schedulable], candidate: Schedulable) -> bool:
         if len(batch) >= self.max_batch_size:
+            return False
+        if self.fits_memory is not None and not self.fits_memory(len(batch) + 1,
+                                                                 max(candidate.cost, *(r.cost for r in batch))):
             return False
         if self.fixed_cost:
             if self.max_batch_frames is not None:

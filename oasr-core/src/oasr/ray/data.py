@@ -211,3 +211,41 @@ def transcribe_dataset(inputs: Sequence[str | os.PathLike], output_dir: str | os
     dests = output_paths(Path(output_dir), files, formats)
     return run_job(files, dests, engine_factory(config, decoding, formats), workers=workers, batch_size=batch_size,
                    max_seconds=config.max_audio_seconds, progress=progress, ray_address=ray_address)
+
+
+def _cli_factory(args: Any, formats: Sequence[str]) -> Callable[[], WorkerParts]:
+    """A worker factory for ``oasr transcribe --ray``: the in-process CLI's engine, options and writers."""
+
+    def build() -> WorkerParts:
+        from oasr.engine.formats import render
+        from oasr.transcribe_cli import _layout, build_engine
+
+        engine, decoding = build_engine(args)
+        layout = _layout(args)
+        return engine, decoding, lambda out: [render(out, fmt, task=decoding.task, layout=layout) for fmt in formats]
+
+    return build
+
+
+def run_cli(args: Any, formats: Sequence[str]) -> int:
+    """``oasr transcribe --ray``: the same outputs as the in-process command, on ``--workers`` engines."""
+    import sys
+    from argparse import Namespace
+
+    files = list_inputs(args.audio)
+    if not files:
+        print("oasr: error: no audio files found", file=sys.stderr)
+        return 2
+    worker_args = Namespace(**vars(args))
+    if worker_args.num_threads is None:
+        worker_args.num_threads = 1  # one torch thread per worker: the workers are the parallelism
+    summary = run_job(files, output_paths(Path(args.output), files, formats), _cli_factory(worker_args, formats),
+                      workers=args.workers, batch_size=args.max_batch_size, progress=not args.no_progress,
+                      ray_address=args.ray_address)
+    if summary.skipped:
+        print(f"oasr: {len(summary.skipped)} file(s) already finished, skipped", file=sys.stderr)
+    for path, error in summary.failed.items():
+        print(f"oasr: error: {path}: {error}", file=sys.stderr)
+    if summary.failed:
+        print(f"oasr: {len(summary.failed)} of {len(files)} file(s) failed", file=sys.stderr)
+    return 1 if summary.failed else 0

@@ -36,7 +36,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -58,6 +58,8 @@ from oasr.serve.metrics import ServerMetrics, outcome_of
 from oasr.serve.runner import EngineRunner, RequestHandle
 from oasr.serve.settings import ServerSettings
 
+#: the page served at "/"
+PAGE = Path(__file__).resolve().parent / "static" / "index.html"
 logger = logging.getLogger("oasr.serve")
 
 
@@ -437,8 +439,13 @@ def create_app(engine: Engine | EngineConfig, settings: ServerSettings | None = 
             await state.drain()
 
     app = FastAPI(title="OASR", summary="OpenAI-compatible speech recognition", lifespan=lifespan,
-                  docs_url=None, redoc_url=None)
+                  docs_url="/docs", redoc_url=None)
     app.state.oasr = state
+
+    @app.get("/", include_in_schema=False)
+    async def _page() -> HTMLResponse:
+        """The browser page: upload a file or speak (static/index.html; it calls the API itself)."""
+        return HTMLResponse(PAGE.read_text(encoding="utf-8"))
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:

@@ -27,6 +27,7 @@ from typing import Any
 
 import attrs
 
+from oasr.audio import DECODE_CANCELLED
 from oasr.engine import DecodingOptions, Engine, RequestOutput
 from oasr.serve.errors import unavailable
 
@@ -174,10 +175,16 @@ class EngineRunner:
 
     async def _admit(self, handle: RequestHandle, fn: Callable[[], Any]) -> None:
         """Run an admission call in a worker thread; undo it if it fails or the caller goes away."""
-        task = asyncio.ensure_future(asyncio.to_thread(fn))
+        abandoned = threading.Event()
+        token = DECODE_CANCELLED.set(abandoned)  # the worker thread's decode stops at its next block once set
+        try:
+            task = asyncio.ensure_future(asyncio.to_thread(fn))
+        finally:
+            DECODE_CANCELLED.reset(token)
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:
+            abandoned.set()
             self._forget(handle.request_id)
             # the worker thread may still admit the request: abort it once it has
             task.add_done_callback(lambda t: t.cancelled() or t.exception() or self._abort_quietly(handle.request_id))

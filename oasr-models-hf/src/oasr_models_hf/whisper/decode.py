@@ -105,7 +105,7 @@ class AedDecodeStrategy(DecodeStrategy):
         mels = self.log_mels(batch.waveforms)
         t1 = time.perf_counter()
         with torch.inference_mode():
-            results = self.transcriber.run(mels, batch.options)
+            results = self.transcriber.run(mels, batch.options, on_segments=batch.on_segments)
         encoder = self.transcriber.encoder_seconds
         batch.timings["features"] = batch.timings.get("features", 0.0) + (t1 - t0)
         batch.timings["encoder"] = encoder

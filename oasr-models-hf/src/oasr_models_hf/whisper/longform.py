@@ -155,7 +155,10 @@ class Transcriber:
         return [(codes[b], dict(zip(codes, row))) for b, row in zip(best, probs.tolist())]
 
     # -- the loop ---------------------------------------------------------------------------------------
-    def run(self, mels: list[torch.Tensor], options: list[DecodingOptions]) -> list[Hypothesis | BaseException]:
+    def run(self, mels: list[torch.Tensor], options: list[DecodingOptions],
+            on_segments=None) -> list[Hypothesis | BaseException]:
+        """Decode every request; ``on_segments(row, segments, seconds_done, language)`` (DecodeBatch's) is
+        told each round which segments became final."""
         self.encoder_seconds = 0.0
         requests: list[_Request] = []
         out: list[Hypothesis | BaseException | None] = [None] * len(mels)
@@ -173,9 +176,16 @@ class Transcriber:
         for req in requests:
             req.sot_sequence = self._sot_sequence(req)
         active = [r for r in requests if not r.done]
+        reported: dict[int, int] = {}
         while active:
             for start in range(0, len(active), self.settings.max_batch_windows):
                 self._round(active[start:start + self.settings.max_batch_windows])
+            if on_segments is not None:
+                for r in active:
+                    if r.error is None:
+                        new, reported[r.index] = r.segments[reported.get(r.index, 0):], len(r.segments)
+                        on_segments(r.index, new, min(r.seek, r.content_frames) * HOP_LENGTH / SAMPLE_RATE,
+                                    r.language)
             active = [r for r in active if not r.done]
         for req in requests:
             out[req.index] = req.error if req.error is not None else self._hypothesis(req)
