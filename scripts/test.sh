@@ -30,12 +30,16 @@ with zipfile.ZipFile(wheel) as zf:
     (assets / "sample.wav").write_bytes(zf.read("pyannote/audio/sample/sample.wav"))
 PY
 fi
-# espeak-ng speaks test sentences; sox converts.  CI runs as root on Debian.
-if ! command -v espeak-ng >/dev/null 2>&1; then
+# espeak-ng speaks test sentences; sox converts; Debian's chromium (+ its driver) runs the browser test
+# headless (never a browser download).  CI runs as root on Debian.
+missing=()
+command -v espeak-ng >/dev/null 2>&1 || missing+=(espeak-ng sox)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium chromium-driver)
+if [ "${#missing[@]}" -gt 0 ]; then
     if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-        apt-get update -qq && apt-get install -y -qq espeak-ng sox >/dev/null
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     else
-        echo "warning: espeak-ng is not installed; tests that need it will fail" >&2
+        echo "warning: ${missing[*]} not installed; tests that need them will fail" >&2
     fi
 fi
 export OASR_TEST_ASSETS="$ASSETS"

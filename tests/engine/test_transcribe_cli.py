@@ -208,3 +208,19 @@ def test_all_formats_into_a_directory(tinyctc_dir, audio_dir, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["a.json", "a.srt", "a.tsv", "a.txt", "a.vtt"]
     assert json.loads((out / "a.json").read_text())["segments"]
     assert (out / "a.tsv").read_text().startswith("start\tend\ttext\n")
+
+
+def test_no_default_model_is_explained_in_cli_words(audio_dir, capsys, monkeypatch):
+    from oasr import plugins
+
+    real = plugins.registry
+
+    class NoAliases:
+        def __iter__(self):
+            return iter(())
+
+    monkeypatch.setattr(plugins, "registry", lambda kind: NoAliases() if kind == "aliases" else real(kind))
+    assert main(["transcribe", str(audio_dir / "a.wav")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("oasr: error: no --model given") and "EngineConfig" not in err
+    assert 'pip install "oasr-core[hf]"' in err

@@ -95,3 +95,32 @@ def test_bad_quantization_sections_are_refused(model):
         prepare_quantized(model, {"scheme": "fp4", "layers": []})
     with pytest.raises(CheckpointFormatError, match="embed"):
         prepare_quantized(model, {"scheme": SCHEME, "layers": ["embed"]})
+
+
+def test_activation_scales_are_per_row(model):
+    """A quiet row next to a loud one keeps its own 8-bit resolution (a per-tensor scale would round the
+    quiet row to a few levels): each row's error stays within its own rounding bound."""
+    quantize_model_int8(model)
+    lin = model.down
+    torch.manual_seed(3)
+    x = torch.randn(4, 64) * torch.tensor([[1e-3], [1.0], [300.0], [0.02]])
+    with torch.no_grad():
+        got = lin(x)
+        weight = lin.weight.float() * lin.weight_scale[:, None]
+        exact = torch.nn.functional.linear(x, weight, lin.bias)
+        # fbgemm's asymmetric uint8 grid over a row scaled into [-1, 1]: a step of at most 2/255 of max|x_row|
+        step = 2 * x.abs().amax(dim=1, keepdim=True) / 255
+        bound = step / 2 * weight.abs().sum(dim=1)[None, :] + 1e-5
+    assert bool(((got - exact).abs() <= bound).all())
+    assert lin._int8.reduce_range is (not torch.cpu._is_vnni_supported())  # 8 bits wherever VNNI allows
+
+
+
+def test_batched_rows_equal_rows_alone(model):
+    """A row is rounded on the same grid whatever else is in its batch."""
+    quantize_model_int8(model)
+    x = torch.randn(6, 64) * torch.logspace(-2, 2, 6)[:, None]
+    with torch.no_grad():
+        together = model.down(x)
+        alone = torch.cat([model.down(x[i:i + 1]) for i in range(6)])
+    assert torch.allclose(together, alone, rtol=1e-6, atol=1e-6)

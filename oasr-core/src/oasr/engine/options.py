@@ -60,9 +60,9 @@ class DecodingOptions:
     language: str | None = None
     task: str = attrs.field(default="transcribe", validator=attrs.validators.in_(TASKS))
     word_timestamps: bool = False
-    #: the output carries the model's timed segments (families that predict them); otherwise one
-    #: segment spans the audio.  Decoding is the same either way (see ``without_timestamps``)
-    timestamps: bool = False
+    #: the output carries the model's timed segments (families that predict them); False leaves them
+    #: out (one segment spans the audio).  Decoding is the same either way (see ``without_timestamps``)
+    timestamps: bool = True
     #: decode without timestamp tokens (openai-whisper's ``without_timestamps``); audio longer than
     #: one window is still cut at timestamps
     without_timestamps: bool = False

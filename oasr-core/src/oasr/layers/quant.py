@@ -8,9 +8,13 @@
   nearest); the bias stays in floating point.  These two tensors are what a native bundle of
   ``format_version`` 2 stores, so a quantized bundle is a plain safetensors file;
 * compute on CPU: fbgemm's dynamic int8 GEMM (``torch.ops.quantized.linear_dynamic`` over weights
-  prepacked per channel): each call quantizes its input per tensor to uint8 on the fly and
-  accumulates in int32 (VNNI where the CPU has it; without VNNI activations keep 7 bits so the
-  16-bit pair sums cannot saturate);
+  prepacked per channel), accumulating in int32, with **per-row** (per-token) activation scales:
+  each row of the input is divided by its own max |x| before fbgemm quantizes the block (pinned
+  to the range [-1, 1]) to uint8, and the output row is multiplied back (the bias is added
+  after).  One loud frame then no longer coarsens the rounding of every other frame, as one
+  scale per tensor does, and a row's result does not depend on the rest of its batch.  With VNNI
+  the activations use all 8 bits; without it they keep 7 (``reduce_range``) so fbgemm's 16-bit
+  pair sums cannot saturate;
 * compute elsewhere (CUDA): the int8 weight is dequantized per call, a reference path.
 
 A tied output projection (sharing its weight with an embedding) gets its own int8 copy; the
@@ -59,27 +63,41 @@ class Int8Weight:
     def invalidate(self) -> None:
         self._packed = None
 
-    def _prepacked(self, bias: torch.Tensor | None):
+    @staticmethod
+    def _range_row(rows: torch.Tensor) -> torch.Tensor:
+        row = rows.new_zeros(1, rows.shape[1])
+        row[0, 0] = -1.0
+        row[0, -1] = 1.0
+        return row
+
+    def _prepacked(self):
         """fbgemm's packed weight; rebuilt when the stored tensors move (``.to()``) or are reloaded."""
         lin = self.linear
-        key = (lin.weight.data_ptr(), lin.weight_scale.data_ptr(), None if bias is None else bias.data_ptr())
+        key = (lin.weight.data_ptr(), lin.weight_scale.data_ptr())
         if self._packed is None or self._packed_key != key:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # torch marks quantized tensor constructors as deprecated
                 scales = lin.weight_scale.double()
                 qweight = torch._make_per_channel_quantized_tensor(
                     lin.weight.cpu(), scales.cpu(), torch.zeros_like(scales, dtype=torch.long).cpu(), 0)
-                fp_bias = None if bias is None else bias.detach().float().cpu()
-                self._packed = torch.ops.quantized.linear_prepack(qweight, fp_bias)
+                self._packed = torch.ops.quantized.linear_prepack(qweight, None)
             self._packed_key = key
         return self._packed
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         lin = self.linear
         if x.device.type == "cpu" and "fbgemm" in torch.backends.quantized.supported_engines:
-            packed = self._prepacked(bias)
-            out = torch.ops.quantized.linear_dynamic(x.float().contiguous(), packed, self.reduce_range)
-            return out.to(x.dtype)
+            packed = self._prepacked()
+            rows = x.float().reshape(-1, x.shape[-1])
+            scale = rows.abs().amax(dim=1, keepdim=True)
+            scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+            # one more row holding -1 and 1 pins the block's range to [-1, 1], so each row is rounded on
+            # the same grid whatever else is in its batch (a batched request equals the request alone)
+            pinned = torch.cat([rows / scale, self._range_row(rows)])
+            out = torch.ops.quantized.linear_dynamic(pinned, packed, self.reduce_range)[:-1].mul_(scale)
+            if bias is not None:
+                out.add_(bias.float())
+            return out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)
         weight = lin.weight.to(x.dtype) * lin.weight_scale.to(x.dtype)[:, None]
         return F.linear(x, weight, bias)
 

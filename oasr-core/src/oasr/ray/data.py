@@ -75,7 +75,7 @@ def read_manifest(path: Path) -> list[tuple[Path, Path]]:
 
 def list_inputs(inputs: Sequence[str | os.PathLike]) -> list[tuple[Path, Path]]:
     """(file, path relative to its input root): files, directories, globs (as ``oasr transcribe``) and manifests."""
-    from oasr.transcribe_cli import expand_inputs
+    from oasr.transcribe import expand_inputs
 
     out: list[tuple[Path, Path]] = []
     for item in inputs:
@@ -91,9 +91,9 @@ def list_inputs(inputs: Sequence[str | os.PathLike]) -> list[tuple[Path, Path]]:
 def output_paths(output_dir: Path, files: list[tuple[Path, Path]], formats: Sequence[str]) -> list[list[Path]]:
     """The files each input writes: the input tree mirrored under ``output_dir``, one file per format,
     exactly as the in-process ``oasr transcribe -o DIR`` lays them out."""
-    from oasr.transcribe_cli import _destinations
+    from oasr.transcribe import destinations
 
-    return _destinations(str(output_dir), files, tuple(formats), True)
+    return destinations(str(output_dir), files, tuple(formats), True)
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -218,10 +218,10 @@ def _cli_factory(args: Any, formats: Sequence[str]) -> Callable[[], WorkerParts]
 
     def build() -> WorkerParts:
         from oasr.engine.formats import render
-        from oasr.transcribe_cli import _layout, build_engine
+        from oasr.transcribe import build_engine, subtitle_layout
 
         engine, decoding = build_engine(args)
-        layout = _layout(args)
+        layout = subtitle_layout(args)
         return engine, decoding, lambda out: [render(out, fmt, task=decoding.task, layout=layout) for fmt in formats]
 
     return build

@@ -207,9 +207,22 @@ class EngineRunner:
             fn = lambda: self._submit_stream(handle.request_id, audio, sample_rate, decoding)  # noqa: E731
         else:
             fn = lambda: self.engine.add_request(audio, request_id=handle.request_id,  # noqa: E731
-                                                 sample_rate=sample_rate, decoding=decoding, callback=self._deliver)
+                                                 sample_rate=sample_rate, decoding=decoding, callback=self._deliver,
+                                                 on_segments=self._partials(handle.request_id))
         await self._admit(handle, fn)
         return handle
+
+    def _partials(self, request_id: str):
+        """An offline request's ``on_segments``: each segment of a decoded window becomes a partial output
+        (the text so far), so ``stream=true`` sends a delta per segment as windows finish."""
+        pieces: list[str] = []
+
+        def on_segments(segments, seconds_done: float, language: str | None) -> None:
+            for segment in segments:
+                pieces.append(segment.text)
+                self._deliver(RequestOutput(request_id, text="".join(pieces).strip(), language=language))
+
+        return on_segments
 
     def _submit_stream(self, request_id: str, audio: Any, sample_rate: int | None,
                        decoding: DecodingOptions | None) -> None:

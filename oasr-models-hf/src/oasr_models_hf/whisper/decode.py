@@ -4,8 +4,12 @@ The strategy reads the batch's waveforms (it computes its own features: the log-
 audio followed by 30 s of silence, as openai-whisper's ``transcribe`` does, so audio longer than one
 window is decoded in windows) and hands them to :class:`Transcriber`.  Per request it honours
 ``language`` (detected on multilingual checkpoints when not given), ``task``, ``beam_size`` /
-``n_best``, ``temperature`` (a tuple is a fallback schedule), ``prompt``, ``max_new_tokens``,
-``timestamps`` (timestamp tokens and segments) and ``word_timestamps`` (cross-attention + DTW).
+``n_best`` / ``patience`` / ``length_penalty``, ``temperature`` (a tuple is a fallback schedule) with
+``best_of`` and the compression-ratio / log-probability / no-speech thresholds,
+``condition_on_previous_text``, ``initial_prompt`` (or ``prompt``), ``suppress_tokens``,
+``clip_timestamps``, ``max_new_tokens``, ``without_timestamps`` (decode without timestamp tokens),
+``timestamps`` (timed segments in the output), ``word_timestamps`` (cross-attention + DTW) and
+``hallucination_silence_threshold``.  The defaults decode as openai-whisper's ``transcribe()`` does.
 """
 
 from __future__ import annotations
@@ -41,8 +45,11 @@ class AedDecodeStrategy(DecodeStrategy):
         Requirement("config.max_target_positions", "max_new_tokens is bounded by half the text context"),
     )
     options_class = AedOptions
-    supported_options = frozenset({"language", "task", "beam_size", "n_best", "temperature", "prompt",
-                                   "max_new_tokens", "timestamps", "word_timestamps"})
+    supported_options = frozenset({
+        "language", "task", "beam_size", "n_best", "temperature", "prompt", "initial_prompt", "max_new_tokens",
+        "timestamps", "without_timestamps", "word_timestamps", "compression_ratio_threshold", "logprob_threshold",
+        "no_speech_threshold", "condition_on_previous_text", "suppress_tokens", "clip_timestamps",
+        "hallucination_silence_threshold", "best_of", "patience", "length_penalty"})
     needs_features = False
     supports_long_form = True
 
@@ -79,6 +86,21 @@ class AedDecodeStrategy(DecodeStrategy):
             refuse("this checkpoint declares no alignment heads, so it cannot time words", "word_timestamps")
         if any(t < 0 for t in options.temperature):
             refuse(f"temperatures must be >= 0, got {options.temperature}", "temperature")
+        if options.prompt and options.initial_prompt and options.prompt != options.initial_prompt:
+            refuse("prompt and initial_prompt are the same option; give one", "initial_prompt")
+        if options.hallucination_silence_threshold is not None and not options.word_timestamps:
+            refuse("hallucination_silence_threshold works on word timings; it needs word_timestamps=True",
+                   "hallucination_silence_threshold")
+        clips = options.clip_timestamps
+        if any(t < 0 for t in clips) or any(b <= a for a, b in zip(clips[::2], clips[1::2], strict=False)):
+            refuse(f"clip_timestamps must be non-negative start,end pairs with end > start, got {clips}",
+                   "clip_timestamps")
+        if options.patience is not None and options.patience <= 0:
+            refuse(f"patience must be > 0, got {options.patience}", "patience")
+        vocab = self.ctx.model.config.vocab_size
+        if any(t < -1 or t >= vocab for t in options.suppress_tokens):
+            refuse(f"suppress_tokens must be token ids below {vocab} (or -1), got {options.suppress_tokens}",
+                   "suppress_tokens")
         limit = self.ctx.model.config.max_target_positions // 2
         if options.max_new_tokens is not None and options.max_new_tokens > limit:
             refuse(f"max_new_tokens={options.max_new_tokens} exceeds Whisper's {limit} tokens per window",

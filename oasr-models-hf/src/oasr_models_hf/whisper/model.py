@@ -46,6 +46,8 @@ from oasr.models.specs import LoadReport, QuantLayout, SmoothGroup
 from oasr_models_hf.whisper.config import WhisperConfig
 
 _ATTN_BIAS = (True, False, True, True)  # Whisper's k_proj has no bias
+#: logits of an int8 output projection recomputed in floating point per row (see WhisperDecoder.logits)
+RESCORED_TOP = 8
 
 
 class WhisperEncoderLayer(nn.Module):
@@ -179,8 +181,42 @@ class WhisperDecoder(nn.Module):
         return self.embed_positions.num_embeddings
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final hidden states (…, D) → vocabulary logits (…, V)."""
-        return self.proj_out(hidden)
+        """Final hidden states (…, D) → vocabulary logits (…, V).
+
+        With an int8 output projection, the ``RESCORED_TOP`` largest logits of each row are computed
+        again exactly from the floating-point token embedding (the tied weight), so the tokens
+        decoding picks come from full-precision scores while the other 51k logits (the softmax
+        normalizer) keep the int8 GEMM's speed.
+        """
+        if self.proj_out._int8 is None:
+            if hidden.device.type == "cpu" and hidden.numel() == hidden.shape[-1]:
+                return hidden @ self._table_t()  # one row: a matrix-vector product
+            return self.proj_out(hidden)
+        logits = self.proj_out(hidden)
+        if not RESCORED_TOP or not self._tied_fp_table():
+            return logits
+        flat, rows = logits.reshape(-1, logits.shape[-1]), hidden.reshape(-1, hidden.shape[-1])
+        top = flat.topk(min(RESCORED_TOP, flat.shape[-1]), dim=-1).indices
+        table = self.embed_tokens.weight
+        exact = torch.einsum("nd,nkd->nk", rows.to(table.dtype), table[top])
+        flat.scatter_(1, top, exact.to(flat.dtype))
+        return flat.view_as(logits)
+
+    def _table_t(self) -> torch.Tensor:
+        """The output projection transposed (D, V), contiguous: for one row on the CPU, MKL's product
+        over it is about twice as fast as over the (V, D) layout (the vocabulary projection is most of a
+        decode step).  Costs one more copy of the table; rebuilt when the weight changes."""
+        weight = self.proj_out.weight
+        key = (weight.data_ptr(), weight._version, weight.dtype)
+        if getattr(self, "_table_t_key", None) != key:
+            self._table_t_cache = weight.detach().t().contiguous()
+            self._table_t_key = key
+        return self._table_t_cache
+
+    def _tied_fp_table(self) -> bool:
+        table = self.embed_tokens.weight
+        return table.is_floating_point() and tuple(table.shape) == (self.proj_out.out_features,
+                                                                    self.proj_out.in_features)
 
     def cross_kv(self, enc_out: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Cross-attention keys (N, H, Dh, S), already transposed for the score product, and values
@@ -453,8 +489,12 @@ class WhisperModel(BaseAsrModel):
         return out, torch.full((out.shape[0],), out.shape[1], dtype=torch.long, device=out.device)
 
     def quantization_layout(self) -> QuantLayout:
-        """Each pre-norm feeds the projections after it (SmoothQuant groups); nothing is kept at full
-        precision, the convolutions and embeddings are not linears."""
+        """Each pre-norm feeds the projections after it (SmoothQuant groups).  The encoder's ``fc2``
+        layers stay at full precision: their input (the GELU of 4 x d_model channels) carries outlier
+        channels that 8 bits round away.  Measured on tiny.en over 34 clips (greedy): all linears int8
+        kept 96.4 % of the fp32 tokens (WER 18.6 % vs 19.5 %); with the encoder's fc2 at fp32, 98.4 %
+        and the fp32 WER; with the whole decoder or the whole encoder at fp32 instead, 97.2 %.  The
+        convolutions and embeddings are not linears."""
         groups = []
         for prefix, layers in (("encoder", self.encoder.layers), ("decoder", self.decoder.layers)):
             for i, layer in enumerate(layers):
@@ -464,7 +504,8 @@ class WhisperModel(BaseAsrModel):
                 if hasattr(layer, "encoder_attn"):
                     groups.append(SmoothGroup(f"{base}.encoder_attn_layer_norm", (f"{base}.encoder_attn.q_proj",)))
                 groups.append(SmoothGroup(f"{base}.final_layer_norm", (f"{base}.fc1",)))
-        return QuantLayout(smooth_groups=tuple(groups))
+        keep = tuple(f"encoder.layers.{i}.fc2" for i in range(len(self.encoder.layers)))
+        return QuantLayout(smooth_groups=tuple(groups), keep_full_precision=keep)
 
     def extra_repr(self) -> str:
         c = self.config

@@ -48,6 +48,10 @@ class WindowTask:
     max_new_tokens: int = 224
     #: "openai" (openai-whisper and CTranslate2) or "transformers" (GenerationMixin's beam search)
     beam_style: str = "openai"
+    #: token ids suppressed at every step besides the control tokens (None: the checkpoint's set)
+    suppress: tuple[int, ...] | None = None
+    #: the random generator sampling draws from (None: the one passed to :func:`search_windows`)
+    generator: torch.Generator | None = attrs.field(default=None, eq=False)
 
 
 @attrs.define
@@ -75,8 +79,11 @@ class LogitRules:
 
     def __init__(self, gen: WhisperGeneration, vocab_size: int, device: torch.device):
         specials = (gen.transcribe_id, gen.translate_id, gen.sot_id, gen.sot_prev_id, gen.sot_lm_id, gen.no_speech_id)
-        suppress = sorted({*gen.suppress_tokens, *(s for s in specials if s is not None)})
-        self.suppress = torch.tensor([t for t in suppress if 0 <= t < vocab_size], dtype=torch.long, device=device)
+        self.specials = {s for s in specials if s is not None}
+        self.vocab_size = vocab_size
+        self.device = device
+        self.suppress = self._ids(gen.suppress_tokens)
+        self._custom: dict[tuple[int, ...], torch.Tensor] = {}
         self.begin_suppress = torch.tensor(list(gen.begin_suppress_tokens), dtype=torch.long, device=device)
         self.eot = gen.eot_id
         self.no_timestamps = gen.no_timestamps_id
@@ -84,13 +91,29 @@ class LogitRules:
         self.max_initial = gen.max_initial_timestamp_index
         self.ids = torch.arange(vocab_size, device=device)
 
-    def apply(self, logits: torch.Tensor, generated: Sequence[list[int]], timestamps: Sequence[bool]) -> None:
+    def _ids(self, tokens) -> torch.Tensor:
+        ids = sorted({*tokens, *self.specials})
+        return torch.tensor([t for t in ids if 0 <= t < self.vocab_size], dtype=torch.long, device=self.device)
+
+    def apply(self, logits: torch.Tensor, generated: Sequence[list[int]], timestamps: Sequence[bool],
+              suppress: Sequence[tuple[int, ...] | None] | None = None) -> None:
+        """Filter ``logits`` (rows, V) in place; ``suppress`` per row: its own suppressed ids (None: the
+        checkpoint's)."""
         first = [j for j, seq in enumerate(generated) if not seq]
         if first:
             rows = torch.tensor(first, device=logits.device)
             logits[rows[:, None], self.begin_suppress[None, :]] = NEG_INF
-        if self.suppress.numel():
-            logits[:, self.suppress] = NEG_INF
+        if suppress is None or all(s is None for s in suppress):
+            if self.suppress.numel():
+                logits[:, self.suppress] = NEG_INF
+        else:
+            groups: dict[tuple[int, ...] | None, list[int]] = {}
+            for j, own in enumerate(suppress):
+                groups.setdefault(own, []).append(j)
+            for own, members in groups.items():
+                ids = self.suppress if own is None else self._custom.setdefault(own, self._ids(own))
+                if ids.numel():
+                    logits[torch.tensor(members, device=logits.device)[:, None], ids[None, :]] = NEG_INF
         ts_rows = [j for j, flag in enumerate(timestamps) if flag]
         if ts_rows:
             self._timestamp_rules(logits, ts_rows, generated)
@@ -157,14 +180,21 @@ def _length_limit(task: WindowTask, n_ctx: int) -> int:
     return min(task.max_new_tokens, n_ctx + 1 - len(task.prompt))
 
 
-def _select(logits: torch.Tensor, temperatures: list[float], generator: torch.Generator | None) -> torch.Tensor:
+def _select(logits: torch.Tensor, temperatures: list[float], generators: list[torch.Generator | None]
+            ) -> torch.Tensor:
+    """Greedy rows take the argmax; rows at a temperature draw from their own generator (rows sharing
+    one draw together, in row order)."""
     chosen = logits.argmax(dim=-1)
-    sampled = [j for j, t in enumerate(temperatures) if t > 0]
-    if sampled:
+    groups: dict[int, list[int]] = {}
+    for j, t in enumerate(temperatures):
+        if t > 0:
+            groups.setdefault(id(generators[j]), []).append(j)
+    for sampled in groups.values():
         rows = torch.tensor(sampled, device=logits.device)
         temps = torch.tensor([temperatures[j] for j in sampled], device=logits.device)[:, None]
         probs = (logits[rows] / temps).softmax(dim=-1)
-        chosen[rows] = torch.multinomial(probs, 1, generator=generator)[:, 0]
+        # with replacement: the draw torch.distributions.Categorical (openai-whisper) makes
+        chosen[rows] = torch.multinomial(probs, 1, replacement=True, generator=generators[sampled[0]])[:, 0]
     return chosen
 
 
@@ -182,8 +212,10 @@ def _greedy(decoder: WhisperDecoder, cross, tasks: list[WindowTask], rules: Logi
     live = list(range(len(rows)))  # batch positions still generating
     while live:
         sub = logits if len(live) == len(rows) else logits[live]
-        rules.apply(sub, [generated[rows[j]] for j in live], [tasks[rows[j]].timestamps for j in live])
-        chosen = _select(sub, [tasks[rows[j]].temperature for j in live], generator)
+        rules.apply(sub, [generated[rows[j]] for j in live], [tasks[rows[j]].timestamps for j in live],
+                    [tasks[rows[j]].suppress for j in live])
+        chosen = _select(sub, [tasks[rows[j]].temperature for j in live],
+                         [tasks[rows[j]].generator or generator for j in live])
         logprobs = F.log_softmax(sub, dim=-1).gather(1, chosen[:, None])[:, 0]
         still, full = [], False
         for j, token, lp in zip(live, chosen.tolist(), logprobs.tolist()):
@@ -241,7 +273,8 @@ def _beam(decoder: WhisperDecoder, cross, tasks: list[WindowTask], rules: LogitR
     max_candidates = [max(1, round(beam * t.patience)) for t in tasks]
     while alive:
         generated = [list(beams[i][b]) for i in alive for b in range(beam)]
-        rules.apply(logits, generated, [tasks[i].timestamps for i in alive for _ in range(beam)])
+        rules.apply(logits, generated, [tasks[i].timestamps for i in alive for _ in range(beam)],
+                    [tasks[i].suppress for i in alive for _ in range(beam)])
         top_lp, top_ids = F.log_softmax(logits, dim=-1).topk(beam + 1, dim=-1)
         top_lp, top_ids = top_lp.tolist(), top_ids.tolist()
         sources, next_tokens, still = [], [], []
@@ -317,7 +350,8 @@ def _beam_transformers(decoder: WhisperDecoder, cross, tasks: list[WindowTask], 
         step += 1
         logprobs = F.log_softmax(logits, dim=-1)
         rules.apply(logprobs, [list(beams[i][b]) for i in alive for b in range(beam)],
-                    [tasks[i].timestamps for i in alive for _ in range(beam)])
+                    [tasks[i].timestamps for i in alive for _ in range(beam)],
+                    [tasks[i].suppress for i in alive for _ in range(beam)])
         running = torch.tensor([scores[i] for i in alive], device=logprobs.device)
         total = (logprobs.view(len(alive), beam, vocab) + running[:, :, None]).view(len(alive), -1)
         top_lp, top_idx = total.topk(2 * beam, dim=-1)

@@ -220,3 +220,76 @@ def _fit_segment(seg: Segment, words: list[WordTiming], median: float, longest: 
         last.end = max(last.start + median, seg.end)
     else:
         seg.end = last.end
+
+
+def last_end(segments: list[Segment]) -> float | None:
+    """Where the last word of ``segments`` ends (the last segment's end when no segment has words)."""
+    ends = [w.end for seg in segments for w in (seg.words or ())]
+    return ends[-1] if ends else (segments[-1].end if segments else None)
+
+
+#: the punctuation openai-whisper leaves out of a segment's anomaly score (a word equal to a substring of it)
+_ANOMALY_PUNCTUATION = "\"'“¿([{-\"'.。,，!！?？:：”)]}、"
+
+
+def _word_anomaly(word: WordTiming) -> float:
+    """How unlike speech a word is: improbable, very short or very long (openai-whisper's score)."""
+    duration = word.end - word.start
+    score = 1.0 if (word.confidence or 0.0) < 0.15 else 0.0
+    if duration < 0.133:
+        score += (0.133 - duration) * 15
+    if duration > 2.0:
+        score += duration - 2.0
+    return score
+
+
+def _is_anomaly(seg: Segment | None) -> bool:
+    if seg is None or not seg.words:
+        return False
+    words = [w for w in seg.words if w.word not in _ANOMALY_PUNCTUATION][:8]
+    score = sum(_word_anomaly(w) for w in words)
+    return score >= 3 or score + 0.01 >= len(words)
+
+
+def _next_with_words(segments: list[Segment]) -> Segment | None:
+    return next((s for s in segments if s.words), None)
+
+
+def skip_hallucinations(segments: list[Segment], *, threshold: float, seek: int, previous_seek: int, size: int,
+                        single_ending: bool, last_speech: float, content_frames: int, frames_per_second: int,
+                        window_frames: int) -> tuple[int, bool]:
+    """openai-whisper's ``hallucination_silence_threshold`` for one word-timed window.
+
+    Returns the next seek and whether the window's segments are kept; drops (in place) the segments
+    from a likely hallucination surrounded by silence on.  ``seek``: the seek after the window.
+    """
+    time_offset = previous_seek / frames_per_second
+    window_end = (previous_seek + window_frames) / frames_per_second
+    duration = size / frames_per_second
+    if not single_ending:
+        end = last_end(segments)
+        if end is not None and end > time_offset:
+            seek = round(end * frames_per_second) if window_end - end > threshold else previous_seek + size
+    first = _next_with_words(segments)
+    if first is not None and _is_anomaly(first):
+        gap = first.start - time_offset
+        if gap > threshold:  # skip the silence before a first segment that may be a hallucination
+            return previous_seek + round(gap * frames_per_second), False
+    previous_end = last_speech
+    for i, seg in enumerate(segments):
+        if not seg.words:
+            continue
+        if _is_anomaly(seg):
+            following = _next_with_words(segments[i + 1:])
+            next_start = following.words[0].start if following is not None else time_offset + duration
+            silence_before = seg.start - previous_end > threshold or seg.start < threshold or \
+                seg.start - time_offset < 2.0
+            silence_after = next_start - seg.end > threshold or _is_anomaly(following) or window_end - seg.end < 2.0
+            if silence_before and silence_after:
+                seek = round(max(time_offset + 1, seg.start) * frames_per_second)
+                if content_frames / frames_per_second - seg.end < threshold:
+                    seek = content_frames
+                del segments[i:]
+                break
+        previous_end = seg.end
+    return seek, True

@@ -33,14 +33,14 @@ def test_median_filter_equals_openai():
     assert torch.equal(median_filter(short, 7), ref_filter(short, 7))
 
 
-@pytest.mark.parametrize("timestamps", [True, False], ids=["with-timestamps", "words-only"])
-def test_word_timestamps_equal_openai_transcribe(tiny_en, tiny_en_strategy, beckett, timestamps):
+@pytest.mark.parametrize("without_timestamps", [False, True], ids=["with-timestamps", "words-only"])
+def test_word_timestamps_equal_openai_transcribe(tiny_en, tiny_en_strategy, beckett, without_timestamps):
     """openai-whisper times words over timestamped segments, so asking for words alone decodes the same."""
     import whisper
 
     loaded, _ = tiny_en
-    batch = DecodeBatch(request_ids=["b"], options=[DecodingOptions(word_timestamps=True, timestamps=timestamps)],
-                        waveforms=[torch.from_numpy(beckett)])
+    options = DecodingOptions(word_timestamps=True, without_timestamps=without_timestamps, temperature=0.0)
+    batch = DecodeBatch(request_ids=["b"], options=[options], waveforms=[torch.from_numpy(beckett)])
     ours = tiny_en_strategy.decode(batch)[0]
     model = h.openai_model(loaded.config, loaded.model.state_dict(), loaded.config.generation.alignment_heads)
     ref = whisper.transcribe(model, beckett, temperature=0.0, fp16=False, language="en", word_timestamps=True)
