@@ -67,7 +67,10 @@ def _defaults(command: str) -> dict[str, object]:
 
     parser = argparse.ArgumentParser()
     importlib.import_module(COMMANDS[command][0]).add_arguments(parser)
-    return {a.dest: a.default for a in parser._actions}
+    defaults: dict[str, object] = {}
+    for action in parser._actions:  # the first flag of a dest (hidden spelling aliases come later)
+        defaults.setdefault(action.dest, action.default)
+    return defaults
 
 
 def test_engine_flags_of_transcribe_and_serve_are_the_engine_config_fields():
