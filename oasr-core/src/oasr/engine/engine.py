@@ -537,4 +537,5 @@ def build_output(request_id: str, hyp: Hypothesis, tokenizer: Any, options: Deco
         nbest = [h.text if h.text is not None else tokenizer.decode(h.tokens) for h in hyp.nbest]
     return RequestOutput(request_id, text=text, tokens=list(hyp.tokens), words=words, segments=segments,
                          confidence=hyp.confidence, language=hyp.language, finished=finished,
-                         finish_reason="stop" if finished else None, duration=duration, nbest=nbest)
+                         finish_reason="stop" if finished else None, duration=duration, nbest=nbest,
+                         tags=hyp.tags)
