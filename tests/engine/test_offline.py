@@ -221,3 +221,13 @@ def test_batched_equals_one_at_a_time_for_the_wenet_conformer(fixtures_dir, inpu
     for policy in ("fcfs", "bucket", "sjf"):
         engine = Engine(EngineConfig(model=model, decode_method=method, schedule_policy=policy, max_batch_size=8))
         assert [o.tokens for o in engine.transcribe_outputs(inputs[:20], sample_rate=16000)] == expected
+
+
+def test_explicit_greedy_temperature_is_accepted_by_every_family(tinyctc_dir, inputs, reference):
+    """temperature=0 asks for plain greedy decoding, which a CTC family does; a sampling temperature it
+    cannot honour is refused in one clear error."""
+    engine = Engine(EngineConfig(model=str(tinyctc_dir)))
+    out = engine.transcribe_outputs(inputs[3], sample_rate=16000, decoding=DecodingOptions(temperature=0.0))
+    assert out.tokens == reference[3]
+    with pytest.raises(RequestError, match="temperature"):
+        engine.add_request(inputs[0], sample_rate=16000, decoding=DecodingOptions(temperature=0.7))

@@ -115,12 +115,3 @@ def test_activation_scales_are_per_row(model):
     assert lin._int8.reduce_range is (not torch.cpu._is_vnni_supported())  # 8 bits wherever VNNI allows
 
 
-
-def test_batched_rows_equal_rows_alone(model):
-    """A row is rounded on the same grid whatever else is in its batch."""
-    quantize_model_int8(model)
-    x = torch.randn(6, 64) * torch.logspace(-2, 2, 6)[:, None]
-    with torch.no_grad():
-        together = model.down(x)
-        alone = torch.cat([model.down(x[i:i + 1]) for i in range(6)])
-    assert torch.allclose(together, alone, rtol=1e-6, atol=1e-6)

@@ -127,3 +127,13 @@ def test_500_for_a_bug_and_the_server_keeps_serving(engine, speech, monkeypatch)
         assert body["type"] == "server_error"
         monkeypatch.undo()
         assert _post(server, speech).status_code == 200
+
+
+def test_openai_temperature_zero_is_served_by_a_ctc_model(engine, speech):
+    """OpenAI's temperature 0 (its default, which many clients send) means the model's own schedule: a
+    CTC model serves it; a sampling temperature it cannot honour is a 400 naming the field."""
+    with serving(engine, api_key=API_KEY) as server:
+        plain = _post(server, speech)
+        assert plain.status_code == 200
+        assert _post(server, speech, data={"temperature": "0"}).json() == plain.json()
+        assert _error(_post(server, speech, data={"temperature": "0.7"}), 400)["param"] == "temperature"

@@ -519,4 +519,3 @@ def _segment_sink(requests: Sequence[Request]):
             logger.exception("segment callback of request %s raised", requests[row].request_id)
 
     return sink
-

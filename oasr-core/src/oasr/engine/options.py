@@ -108,8 +108,11 @@ class DecodingOptions:
         """Names of the fields set to something other than their default (those the engine itself
         honours for every family, ``ENGINE_OPTIONS``, left out)."""
         default = DecodingOptions()
-        return {f.name for f in attrs.fields(DecodingOptions)
-                if f.name not in ENGINE_OPTIONS and getattr(self, f.name) != getattr(default, f.name)}
+        names = {f.name for f in attrs.fields(DecodingOptions)
+                 if f.name not in ENGINE_OPTIONS and getattr(self, f.name) != getattr(default, f.name)}
+        if self.temperature == (0.0,):
+            names.discard("temperature")  # plain greedy decoding: what every family does
+        return names
 
 
 #: DecodingOptions fields the engine honours for every family (long-form cutting, VAD)

@@ -9,10 +9,10 @@
   ``format_version`` 2 stores, so a quantized bundle is a plain safetensors file;
 * compute on CPU: fbgemm's dynamic int8 GEMM (``torch.ops.quantized.linear_dynamic`` over weights
   prepacked per channel), accumulating in int32, with **per-row** (per-token) activation scales:
-  each row of the input is divided by its own max |x| before fbgemm quantizes the block (pinned
-  to the range [-1, 1]) to uint8, and the output row is multiplied back (the bias is added
-  after).  One loud frame then no longer coarsens the rounding of every other frame, as one
-  scale per tensor does, and a row's result does not depend on the rest of its batch.  With VNNI
+  each row of the input is divided by its own max |x| before fbgemm quantizes the block to uint8
+  (on a grid within [-1, 1]), and the output row is multiplied back (the bias is added after).
+  One loud frame then no longer coarsens the rounding of every other frame, as one scale per
+  tensor does.  With VNNI
   the activations use all 8 bits; without it they keep 7 (``reduce_range``) so fbgemm's 16-bit
   pair sums cannot saturate;
 * compute elsewhere (CUDA): the int8 weight is dequantized per call, a reference path.
@@ -63,13 +63,6 @@ class Int8Weight:
     def invalidate(self) -> None:
         self._packed = None
 
-    @staticmethod
-    def _range_row(rows: torch.Tensor) -> torch.Tensor:
-        row = rows.new_zeros(1, rows.shape[1])
-        row[0, 0] = -1.0
-        row[0, -1] = 1.0
-        return row
-
     def _prepacked(self):
         """fbgemm's packed weight; rebuilt when the stored tensors move (``.to()``) or are reloaded."""
         lin = self.linear
@@ -91,10 +84,8 @@ class Int8Weight:
             rows = x.float().reshape(-1, x.shape[-1])
             scale = rows.abs().amax(dim=1, keepdim=True)
             scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-            # one more row holding -1 and 1 pins the block's range to [-1, 1], so each row is rounded on
-            # the same grid whatever else is in its batch (a batched request equals the request alone)
-            pinned = torch.cat([rows / scale, self._range_row(rows)])
-            out = torch.ops.quantized.linear_dynamic(pinned, packed, self.reduce_range)[:-1].mul_(scale)
+            # fbgemm's uint8 grid spans the block's [min, max] (within [-1, 1] after the row scaling)
+            out = torch.ops.quantized.linear_dynamic(rows / scale, packed, self.reduce_range).mul_(scale)
             if bias is not None:
                 out.add_(bias.float())
             return out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)

@@ -198,7 +198,9 @@ class ServerState:
             kwargs["language"] = req.language
         if req.prompt:
             kwargs["prompt"] = req.prompt
-        if req.temperature is not None:
+        if req.temperature:
+            # OpenAI's temperature 0 (its default) means "raise the temperature on failure": the
+            # model's own default schedule; another value is the one temperature to decode at
             kwargs["temperature"] = req.temperature
         if "word" in req.granularities:
             kwargs["word_timestamps"] = True
