@@ -44,7 +44,7 @@ def test_cut_region_overlaps_continuous_speech():
                         rate=RATE)
     assert all(p.end - p.start <= 48_000 for p in pieces)
     assert pieces[0].start == 0 and pieces[-1].end == 200_000
-    for a, b in zip(pieces, pieces[1:]):
+    for a, b in zip(pieces, pieces[1:], strict=False):
         assert b.start < a.end  # they overlap
         assert a.keep_until == b.keep_from and b.start / RATE < b.keep_from < a.end / RATE
         assert round(a.keep_until * RATE) % 640 == 0 and b.start % 640 == 0
@@ -74,7 +74,7 @@ def test_continuous_speech_split_with_overlap_equals_whole(tinyctc_dir):
     starts = [s.start for s in out.segments]
     assert starts == sorted(starts) and out.segments[0].start == 0.0
     assert out.segments[-1].end == pytest.approx(len(audio) / RATE, abs=1e-3)
-    for a, b in zip(out.segments, out.segments[1:]):
+    for a, b in zip(out.segments, out.segments[1:], strict=False):
         assert a.end == b.start  # pieces meet: the timeline is covered once
     times = [w.start for w in out.words]
     assert times == sorted(times)
@@ -88,7 +88,7 @@ def test_wenet_long_audio_is_cut_at_silences(wenet_dir, recording):
     segments = out.segments
     assert len(segments) >= 5
     assert segments[0].start == 0.0 and segments[-1].end == pytest.approx(len(recording.audio) / RATE, abs=1e-3)
-    for a, b in zip(segments, segments[1:]):
+    for a, b in zip(segments, segments[1:], strict=False):
         assert a.end == b.start
         cut = a.end * RATE
         assert not any(s + 1600 < cut < e - 1600 for s, e in recording.spans), f"cut at {a.end} s inside a sentence"
@@ -122,7 +122,7 @@ def test_vad_filter_decodes_speech_only(wenet_dir, recording):
                                                           for s in spans]
     # the silences are the rest of the audio, reported as such
     edges = [0.0] + [x for s in out.segments for x in (s.start, s.end)] + [round(len(recording.audio) / RATE, 3)]
-    assert out.silences == [(a, b) for a, b in zip(edges[::2], edges[1::2]) if b > a]
+    assert out.silences == [(a, b) for a, b in zip(edges[::2], edges[1::2], strict=True) if b > a]
     assert sum(b - a for a, b in out.silences) > 5.0
     alone = engine.transcribe_outputs([recording.audio[s.start:s.end] for s in spans])
     assert out.tokens == [t for p in alone for t in p.tokens]
@@ -259,7 +259,7 @@ def test_twenty_minute_recording_memory_bounded(wenet_dir, tmp_path):
     assert r["peak_long_mb"] - r["peak_short_mb"] < (r["audio_long_mb"] - r["audio_short_mb"]) + 48
     segments = r["segments"]
     assert all(b - a <= 30.0 + 1e-6 for a, b in segments)
-    assert all(a[1] <= b[0] for a, b in zip(segments, segments[1:]))  # monotonic, no overlap
+    assert all(a[1] <= b[0] for a, b in zip(segments, segments[1:], strict=False))  # monotonic, no overlap
     spans = [(a, b) for a, b in segments] + [tuple(s) for s in r["silences"]]
     assert sum(b - a for a, b in spans) == pytest.approx(r["long_s"], abs=0.05)  # speech + silence = everything
     for start, end in r["spans"]:  # every sentence is in a decoded segment
@@ -294,7 +294,7 @@ def test_time_map_matches_faster_whisper():
 
     rng = np.random.default_rng(0)
     edges = np.sort(rng.choice(np.arange(0, 3_000_000, 160), 20, replace=False))
-    spans = [SpeechSpan(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2])]
+    spans = [SpeechSpan(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True)]
     ours = _TimeMap(spans, RATE)
     theirs = SpeechTimestampsMap([{"start": s.start, "end": s.end} for s in spans], RATE)
     joined = sum(s.end - s.start for s in spans) / RATE

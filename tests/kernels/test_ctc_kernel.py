@@ -44,10 +44,10 @@ def reference_search(log_probs, lengths, beam_size, n_best=None, blank=0, blank_
 
 def assert_same(kernel_out, reference_out):
     assert len(kernel_out) == len(reference_out)
-    for k_row, r_row in zip(kernel_out, reference_out):
+    for k_row, r_row in zip(kernel_out, reference_out, strict=True):
         assert [h.tokens for h in k_row] == [h.tokens for h in r_row]
         assert [h.token_frames for h in k_row] == [h.token_frames for h in r_row]
-        for a, b in zip(k_row, r_row):
+        for a, b in zip(k_row, r_row, strict=True):
             assert math.isclose(a.score, b.score, rel_tol=1e-12, abs_tol=1e-12)
             assert a.token_confidences == pytest.approx(b.token_confidences, rel=1e-12)
 
@@ -135,5 +135,5 @@ def test_long_stream_in_small_chunks_compacts_and_equals_offline():
     assert_same([state.results()], [expected])
     # unreachable nodes were dropped along the way (the node count fell), so the trie stayed below the
     # 1 + 4 × 3000 nodes that keeping every surviving prefix would take
-    assert any(b < a for a, b in zip(nodes, nodes[1:]))
+    assert any(b < a for a, b in zip(nodes, nodes[1:], strict=False))
     assert max(capacity) < 1 + 4 * 3000

@@ -317,7 +317,7 @@ class Engine:
                 self._running = ()
             outputs = []
             with self._lock:
-                for request, result in zip(batch, results):
+                for request, result in zip(batch, results, strict=False):
                     if request.parent is not None:  # a long-form piece
                         whole = self.long_form.collect(request, result)
                         if whole is not None and not request.parent.done.is_set():

@@ -198,7 +198,7 @@ class Transcriber:
         ids = torch.tensor([gen.languages[c] for c in codes], device=logits.device)
         probs = logits[:, ids].softmax(dim=-1)  # the softmax over language tokens only
         best = probs.argmax(dim=-1).tolist()
-        return [(codes[b], dict(zip(codes, row))) for b, row in zip(best, probs.tolist())]
+        return [(codes[b], dict(zip(codes, row, strict=False))) for b, row in zip(best, probs.tolist(), strict=False)]
 
     # -- the loop ---------------------------------------------------------------------------------------
     def run(self, mels: list[torch.Tensor], options: list[DecodingOptions],
@@ -208,7 +208,7 @@ class Transcriber:
         self.encoder_seconds = 0.0
         requests: list[_Request] = []
         out: list[Hypothesis | BaseException | None] = [None] * len(mels)
-        for i, (mel, opts) in enumerate(zip(mels, options)):
+        for i, (mel, opts) in enumerate(zip(mels, options, strict=False)):
             try:
                 requests.append(self._prepare(i, mel, opts))
             except Exception as exc:  # a bad request fails alone
@@ -217,7 +217,7 @@ class Transcriber:
         for start in range(0, len(undetected), self.settings.max_batch_windows):
             chunk = undetected[start:start + self.settings.max_batch_windows]
             first = torch.stack([r.mel[:, : self.window] for r in chunk])  # openai: the first 30 s, silence included
-            for req, (code, _) in zip(chunk, self.detect_language(first)):
+            for req, (code, _) in zip(chunk, self.detect_language(first), strict=False):
                 req.language = code
         for req in requests:
             req.sot_sequence = self._sot_sequence(req)

@@ -408,11 +408,11 @@ class WhisperDecoder(nn.Module):
         entries = a.cross_k[0].shape[0] + b.cross_k[0].shape[0]
         uniform = a.uniform_length if a.uniform_length is not None and a.uniform_length == b.uniform_length else None
         return WhisperDecoderState(
-            self_k=[torch.cat([widen(x), widen(y)]) for x, y in zip(a.self_k, b.self_k)],
-            self_v=[torch.cat([widen(x), widen(y)]) for x, y in zip(a.self_v, b.self_v)],
+            self_k=[torch.cat([widen(x), widen(y)]) for x, y in zip(a.self_k, b.self_k, strict=False)],
+            self_v=[torch.cat([widen(x), widen(y)]) for x, y in zip(a.self_v, b.self_v, strict=False)],
             lengths=torch.cat([a.lengths, b.lengths]),
-            cross_k=[torch.cat([x, y]) for x, y in zip(a.cross_k, b.cross_k)],
-            cross_v=[torch.cat([x, y]) for x, y in zip(a.cross_v, b.cross_v)],
+            cross_k=[torch.cat([x, y]) for x, y in zip(a.cross_k, b.cross_k, strict=False)],
+            cross_v=[torch.cat([x, y]) for x, y in zip(a.cross_v, b.cross_v, strict=False)],
             cross_rows=rows, cross_group=_group_size(rows, entries), uniform_length=uniform,
         )
 
@@ -441,7 +441,7 @@ class WhisperDecoder(nn.Module):
         x = self._embed(token_ids, positions[None, :].expand(batch, length))
         captured: list[torch.Tensor] = []
         hidden = self._run_layers(x, state, None, capture=capture, max_frames=max_frames, captured=captured)
-        per_layer = dict(zip(sorted(capture), captured))
+        per_layer = dict(zip(sorted(capture), captured, strict=False))
         order = {layer: {head: j for j, head in enumerate(capture[layer])} for layer in capture}
         probs = torch.stack([per_layer[layer][:, order[layer][head]] for layer, head in heads], dim=1)
         return probs, self.logits(hidden)

@@ -218,7 +218,7 @@ def _greedy(decoder: WhisperDecoder, cross, tasks: list[WindowTask], rules: Logi
                          [tasks[rows[j]].generator or generator for j in live])
         logprobs = F.log_softmax(sub, dim=-1).gather(1, chosen[:, None])[:, 0]
         still, full = [], False
-        for j, token, lp in zip(live, chosen.tolist(), logprobs.tolist()):
+        for j, token, lp in zip(live, chosen.tolist(), logprobs.tolist(), strict=False):
             i = rows[j]
             generated[i].append(token)
             sum_lp[i] += lp
@@ -283,7 +283,7 @@ def _beam(decoder: WhisperDecoder, cross, tasks: list[WindowTask], rules: LogitR
             origin: dict[tuple[int, ...], int] = {}
             for b in range(beam):
                 row = a * beam + b
-                for lp, token in zip(top_lp[row], top_ids[row]):
+                for lp, token in zip(top_lp[row], top_ids[row], strict=False):
                     seq = beams[i][b] + (token,)
                     scores[seq] = sums[i][b] + lp
                     origin[seq] = row
@@ -360,7 +360,7 @@ def _beam_transformers(decoder: WhisperDecoder, cross, tasks: list[WindowTask], 
         for a, i in enumerate(alive):
             done_by_length = step >= _length_limit(tasks[i], n_ctx)
             cands = []
-            for rank, (lp, flat) in enumerate(zip(top_lp[a], top_idx[a])):
+            for rank, (lp, flat) in enumerate(zip(top_lp[a], top_idx[a], strict=False)):
                 b, token = divmod(flat, vocab)
                 cands.append((lp, beams[i][b] + (token,), a * beam + b, token == eot or done_by_length, rank))
             # the live beams: the best continuations that did not stop
@@ -419,6 +419,6 @@ def search_windows(decoder: WhisperDecoder, cross_k: list[torch.Tensor], cross_v
             out = _beam_transformers(decoder, cross, subset, rules, gen, device, width)
         else:
             out = _beam(decoder, cross, subset, rules, gen, device, width)
-        for i, result in zip(members, out):
+        for i, result in zip(members, out, strict=False):
             results[i] = result
     return results  # type: ignore[return-value]

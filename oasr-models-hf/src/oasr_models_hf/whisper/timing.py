@@ -85,7 +85,7 @@ def split_words(tokenizer: Any, tokens: list[int], eot: int, language: str | Non
     pieces = tokenizer.token_pieces(text) if text else []
     units: list[tuple[str, list[int]]] = []
     pending: list[int] = []
-    for token, piece in zip(text, pieces):
+    for token, piece in zip(text, pieces, strict=False):
         pending.append(token)
         if piece:  # a complete character (or more): one unit
             units.append((piece, pending))
@@ -131,7 +131,7 @@ def _align(model: WhisperModel, tokenizer: Any, enc: torch.Tensor, text_tokens: 
     starts, ends = jump_times[boundaries[:-1]], jump_times[boundaries[1:]]
     return [
         {"word": w, "tokens": t, "start": float(s), "end": float(e), "probability": float(np.mean(text_probs[a:b]))}
-        for w, t, s, e, a, b in zip(words, word_tokens, starts, ends, boundaries[:-1], boundaries[1:])
+        for w, t, s, e, a, b in zip(words, word_tokens, starts, ends, boundaries[:-1], boundaries[1:], strict=False)
     ]
 
 
@@ -186,7 +186,7 @@ def add_word_timestamps(model: WhisperModel, tokenizer: Any, enc: torch.Tensor, 
                     alignment[k]["start"] = alignment[k]["end"] - longest
     _merge_punctuation(alignment, PREPEND_PUNCTUATION, APPEND_PUNCTUATION)
     index = 0
-    for seg, tokens in zip(segments, per_segment):
+    for seg, tokens in zip(segments, per_segment, strict=False):
         used, words = 0, []
         while index < len(alignment) and used < len(tokens):
             timing = alignment[index]

@@ -123,13 +123,13 @@ def test_long_form_requests_batched_equal_each_alone(tiny_strategy):
     clips = [h.chirp_audio(41, 200, 7), h.chirp_audio(8, 350, 8), h.chirp_audio(66, 120, 9)]
     options = DecodingOptions(language="en", max_new_tokens=40, temperature=0.0)  # no sampled fallback
     together = _run(tiny_strategy, clips, options)
-    for clip, hyp in zip(clips, together):
+    for clip, hyp in zip(clips, together, strict=True):
         alone = _run(tiny_strategy, [clip], options)[0]
         assert hyp.tokens == alone.tokens
         assert [(s.start, s.end, s.tokens) for s in hyp.segments] == \
             [(s.start, s.end, s.tokens) for s in alone.segments]
     assert len(together[2].segments) >= 2  # the 66 s request really took several windows
-    assert all(a.start <= b.start for a, b in zip(together[2].segments, together[2].segments[1:]))
+    assert all(a.start <= b.start for a, b in zip(together[2].segments, together[2].segments[1:], strict=False))
 
 
 def test_n_best_of_a_beam(tiny_en_strategy, beckett):

@@ -52,7 +52,7 @@ def test_word_timestamps_equal_openai_transcribe(tiny_en, tiny_en_strategy, beck
     assert len(ours.words) >= 10
     # every word is a piece of the transcript and words do not go back in time
     assert "".join(w.word for w in ours.words).strip() == ours.text
-    assert all(a.start <= b.start for a, b in zip(ours.words, ours.words[1:]))
+    assert all(a.start <= b.start for a, b in zip(ours.words, ours.words[1:], strict=False))
 
 
 def test_language_detection_equals_openai(tiny, tiny_openai, chirp_features):
@@ -64,6 +64,6 @@ def test_language_detection_equals_openai(tiny, tiny_openai, chirp_features):
         tokens, probs = tiny_openai.detect_language(chirp_features)
     gen = tiny.config.generation
     assert [gen.languages[code] for code, _ in ours] == tokens.tolist()
-    for (_, mine), theirs in zip(ours, probs):
+    for (_, mine), theirs in zip(ours, probs, strict=True):
         assert mine == pytest.approx(theirs, abs=1e-5)
     assert len({code for code, _ in ours}) > 1  # the random model does not answer one language for all

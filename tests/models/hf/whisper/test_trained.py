@@ -43,7 +43,7 @@ def test_greedy_beckett_and_sample_equal_faster_whisper(tiny_en_strategy, faster
                                                         sample_wav, timestamps):
     clips = [beckett, sample_wav]
     ours = _decode(tiny_en_strategy, clips, DecodingOptions(without_timestamps=not timestamps, temperature=0.0))
-    for hyp, audio in zip(ours, clips):
+    for hyp, audio in zip(ours, clips, strict=True):
         ref = _faster_whisper(faster_whisper_tiny_en, audio, timestamps=timestamps)
         assert hyp.text == "".join(s.text for s in ref).strip()
         assert [(s.start, s.end) for s in hyp.segments] == [(pytest.approx(r.start, abs=1e-6),
@@ -58,7 +58,7 @@ def test_greedy_espeak_sentences_batched_equal_faster_whisper(tiny_en_strategy, 
     ours = _decode(tiny_en_strategy, [a for _, a in espeak_clips], DecodingOptions(without_timestamps=True,
                                                                                   temperature=0.0))
     ours_wer, ref_wer = 0.0, 0.0
-    for text, (_, audio), hyp in zip(texts, espeak_clips, ours):
+    for text, (_, audio), hyp in zip(texts, espeak_clips, ours, strict=True):
         ref = "".join(s.text for s in _faster_whisper(faster_whisper_tiny_en, audio, timestamps=False)).strip()
         assert hyp.text == ref
         ours_wer += h.wer(text, hyp.text)
@@ -137,7 +137,7 @@ def test_long_form_defaults_equal_openai_and_faster_whisper(tiny_en, tiny_en_str
     assert len(spoken) > 20
     starts = [s.start for s in spoken]
     assert starts == sorted(starts) and all(s.end >= s.start for s in spoken)
-    assert all(a.end <= b.start + 1e-6 for a, b in zip(spoken, spoken[1:]))
+    assert all(a.end <= b.start + 1e-6 for a, b in zip(spoken, spoken[1:], strict=False))
     assert spoken[-1].end <= len(long_audio) / h.SAMPLE_RATE + 0.5
 
 
@@ -169,7 +169,7 @@ def test_int8_engine_keeps_the_transcript(tiny_en, beckett, sample_wav, espeak_c
     outs = engine.transcribe_outputs(audio, decoding=greedy)
     texts = [out.text for out in outs]
     assert h.wer(h.BECKETT_TEXT, texts[0]) <= 0.4
-    assert sum(h.wer(t, hyp) for (t, _), hyp in zip(espeak_clips, texts[2:])) / len(espeak_clips) < 0.5
+    assert sum(h.wer(t, hyp) for (t, _), hyp in zip(espeak_clips, texts[2:], strict=True)) / len(espeak_clips) < 0.5
     assert _token_agreement([o.tokens for o in fp32], [o.tokens for o in outs]) >= 0.97
     # the measured-sensitive encoder fc2 layers stay fp32; every other linear is int8
     model = engine.model
