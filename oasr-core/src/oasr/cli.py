@@ -119,30 +119,49 @@ def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
+def _table_with_errors(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
+    """``_table`` whose last column (an import error per row) is shown only when some row has one."""
+    if any(row[-1] for row in rows):
+        return _table(rows, header)
+    return _table([row[:-1] for row in rows], header[:-1])
+
+
 def models_command(args: argparse.Namespace) -> int:
     from oasr import plugins
     from oasr.models.registry import model_infos
 
-    rows = [(i.name, i.distribution, "yes" if i.converter else "no", i.description) for i in model_infos()]
-    print(_table(rows, ("architecture", "distribution", "converter", "description")))
+    rows = []
+    for info in model_infos():
+        entry = plugins.registry("models").get(info.name)
+        error = entry.import_error()
+        converter = "error" if error else "yes" if info.converter else "no"
+        rows.append((info.name, info.distribution, converter, info.description, error or ""))
+    print(_table_with_errors(rows, ("architecture", "distribution", "converter", "description", "error")))
     aliases = list(plugins.registry("aliases"))
     if aliases:
         print()
-        print(_table([(a.name, a.distribution, a.meta.get("description", "")) for a in aliases],
-                     ("alias", "distribution", "description")))
+        rows = [(a.name, a.distribution, a.meta.get("description", ""), a.import_error() or "") for a in aliases]
+        print(_table_with_errors(rows, ("alias", "distribution", "description", "error")))
+    failed = [r for r in plugins.plugin_records() if r.error]
+    if failed:
+        print()
+        print(_table([(r.name, r.distribution, r.error or "") for r in failed],
+                     ("plugin not loaded", "distribution", "error")))
     return 0
 
 
 def plugins_command(args: argparse.Namespace) -> int:
     from oasr import plugins
 
-    rows = []
+    rows, broken = [], False
     for r in plugins.plugin_records():
         registered = ", ".join(f"{plugins.LABELS[kind]}:{name}" for kind, name in r.registered) or "-"
-        problems = "; ".join([*(note for _kind, _name, note in r.clashes), *([r.error] if r.error else [])])
-        rows.append((r.name, r.distribution, r.version, r.group, registered, problems))
+        problems = [*(note for _kind, _name, note in r.clashes), *([r.error] if r.error else []),
+                    *plugins.import_problems(r)]
+        broken = broken or bool(r.error) or len(problems) > len(r.clashes)
+        rows.append((r.name, r.distribution, r.version, r.group, registered, "; ".join(problems)))
     print(_table(rows, ("plugin", "distribution", "version", "group", "registered", "error")))
-    return 1 if args.strict and any(r.error for r in plugins.plugin_records()) else 0
+    return 1 if args.strict and broken else 0
 
 
 def download_command(args: argparse.Namespace) -> int:

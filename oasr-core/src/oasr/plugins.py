@@ -46,6 +46,9 @@ CORE_DISTRIBUTION = "oasr-core"
 LABELS = {"models": "model", "aliases": "alias", "extractors": "extractor", "tokenizers": "tokenizer",
           "decoders": "decoder", "kernels": "kernel"}
 
+#: registry kind -> meta fields that hold lazily imported ``"module:attr"`` targets
+TARGET_META = {"models": ("config", "converter")}
+
 # registry kind -> hook name
 HOOKS = {
     "models": "oasr_register_models",
@@ -77,6 +80,24 @@ class Entry:
     def load_meta(self, key: str) -> Any:
         value = self.meta.get(key)
         return None if value is None else import_target(value)
+
+    def import_error(self) -> str | None:
+        """Import the target and every target-valued meta field; the first failure as text, or None.
+
+        Registration only records ``"module:attr"`` strings, so a plugin whose own module imports can still
+        name code that does not (a typo, a missing dependency): listings call this to show it.
+        """
+        targets = [self.target, *(self.meta.get(key) for key in TARGET_META.get(self.kind, ()))]
+        for target in targets:
+            if target is None:
+                continue
+            try:
+                import_target(target)
+            except Exception as exc:  # any failure of third-party code is what the listing reports
+                shown = target if isinstance(target, str) else repr(target)
+                return (f"{LABELS.get(self.kind, self.kind)} {self.name!r}: {shown} failed to import: "
+                        f"{type(exc).__name__}: {exc}")
+        return None
 
 
 @attrs.define
@@ -343,6 +364,17 @@ def unregister_plugin(name: str) -> None:
         _state.records.remove(record)
     if _state.pm.has_plugin(name):
         _state.pm.unregister(name=name)
+
+
+def import_problems(record: PluginRecord) -> list[str]:
+    """What each entry ``record`` registered fails to import (empty when every target imports)."""
+    problems = []
+    for kind, name in record.registered:
+        entry = registry(kind).find(name)
+        error = None if entry is None else entry.import_error()
+        if error is not None:
+            problems.append(error)
+    return problems
 
 
 def failed_plugins_hint() -> str:
