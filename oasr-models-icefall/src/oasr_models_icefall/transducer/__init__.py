@@ -1,0 +1,1 @@
+"""The ``transducer`` architecture: icefall's stateless-predictor RNN-T over a Zipformer encoder."""

@@ -1,0 +1,94 @@
+"""icefall transducer, model side: the stateless predictor, the joiner, the converter and the
+searches over them, against references made by icefall's own code (``../shared/fixtures``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from oasr.models.transducer import TransducerJoiner, TransducerPredictor
+from oasr_models_icefall.transducer.config import JoinerConfig, StatelessDecoderConfig
+from oasr_models_icefall.transducer.decoder import StatelessDecoder
+from oasr_models_icefall.transducer.joiner import Joiner
+
+from .conftest import CLIPS, TRANSDUCERS, refs, release_dir
+
+# icefall computes joiner logits in float32 with its own op order: differences of ~1e-5 on logits of
+# magnitude ~10 are float noise; the references are otherwise exact
+LOGIT_TOL = dict(rtol=1e-5, atol=3e-5)
+
+
+def _state(fixtures_dir, name: str) -> dict[str, torch.Tensor]:
+    return torch.load(release_dir(fixtures_dir, name) / "exp" / "pretrained.pt", map_location="cpu",
+                      weights_only=True)["model"]
+
+
+def _prefixed(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+def predictor_and_joiner(fixtures_dir, name: str) -> tuple[StatelessDecoder, Joiner]:
+    """The release's decoder and joiner, built at the shapes icefall's train.py flags give them."""
+    state = _state(fixtures_dir, name)
+    vocab, dim = state["decoder.embedding.weight"].shape
+    decoder = StatelessDecoder(StatelessDecoderConfig(vocab_size=vocab, decoder_dim=dim, context_size=2))
+    joiner = Joiner(JoinerConfig(encoder_dim=64, decoder_dim=dim, joiner_dim=48, vocab_size=vocab))
+    decoder.load_state_dict(_prefixed(state, "decoder."))
+    joiner.load_state_dict(_prefixed(state, "joiner."))
+    return decoder.eval(), joiner.eval()
+
+
+@pytest.mark.parametrize("name", TRANSDUCERS)
+def test_start_window_and_first_joint_match_icefall(fixtures_dir, name):
+    decoder, joiner = predictor_and_joiner(fixtures_dir, name)
+    assert isinstance(decoder, TransducerPredictor) and isinstance(joiner, TransducerJoiner)
+    state = decoder.init_state(1, torch.device("cpu"))
+    assert state.tolist() == [[-1, 0]]
+    for clip in CLIPS:
+        ref = refs(fixtures_dir, name)[clip]
+        with torch.no_grad():
+            pred = decoder.predict(state)
+            torch.testing.assert_close(pred[0], ref["decoder_out_init"], rtol=0, atol=1e-6)
+            logits = joiner.joint(joiner.project_encoder(ref["encoder_out"][0]), joiner.project_predictor(pred[0]))
+        torch.testing.assert_close(logits, ref["joiner_logits_t0_init"], **LOGIT_TOL)
+
+
+@pytest.mark.parametrize("name", TRANSDUCERS)
+def test_a_blank_filled_start_window_is_a_different_input(fixtures_dir, name):
+    """The negative id embeds to zero; a window of blanks would feed the learned blank row."""
+    decoder, _ = predictor_and_joiner(fixtures_dir, name)
+    ref = refs(fixtures_dir, name)["clip0"]
+    with torch.no_grad():
+        blanks = decoder.predict(torch.zeros(1, 2, dtype=torch.int64))
+    assert (blanks[0] - ref["decoder_out_init"]).abs().max() > 1e-2
+
+
+def test_predictor_state_moves_as_a_label_window():
+    torch.manual_seed(0)
+    decoder = StatelessDecoder(StatelessDecoderConfig(vocab_size=11, decoder_dim=8, context_size=3)).eval()
+    state = decoder.init_state(3, torch.device("cpu"))
+    assert state.tolist() == [[-1, -1, 0]] * 3
+    state = decoder.advance(state, torch.tensor([5, 6, 7]), torch.tensor([True, False, True]))
+    assert state.tolist() == [[-1, 0, 5], [-1, -1, 0], [-1, 0, 7]]
+    picked = decoder.select(state, torch.tensor([2, 2, 0]))
+    assert picked.tolist() == [[-1, 0, 7], [-1, 0, 7], [-1, 0, 5]]
+    rows = decoder.unstack_states(state)
+    assert [r.shape for r in rows] == [(1, 3)] * 3
+    assert torch.equal(decoder.stack_states(rows), state)
+    with torch.no_grad():
+        # the window output equals the last step of the full-sequence (training) forward
+        full = decoder(torch.tensor([[0, 5]]))
+        torch.testing.assert_close(decoder.predict(torch.tensor([[-1, 0, 5]])), full[:, -1])
+        rows_out = decoder.predict(state)
+        for b in range(3):
+            torch.testing.assert_close(rows_out[b:b + 1], decoder.predict(state[b:b + 1]))
+
+
+def test_context_size_one_is_an_embedding_lookup():
+    torch.manual_seed(0)
+    decoder = StatelessDecoder(StatelessDecoderConfig(vocab_size=11, decoder_dim=8, context_size=1)).eval()
+    assert decoder.conv is None
+    state = decoder.advance(decoder.init_state(2, torch.device("cpu")), torch.tensor([3, 4]),
+                            torch.tensor([True, True]))
+    with torch.no_grad():
+        torch.testing.assert_close(decoder.predict(state), decoder.embedding.weight[[3, 4]])
