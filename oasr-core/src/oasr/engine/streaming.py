@@ -77,6 +77,7 @@ class StreamingExecutor:
         engine.strategy.check_streaming()
         if int(getattr(engine.feature_config, "lfr_m", 1)) != 1:
             raise CapabilityError("streaming does not support LFR-stacked features", capability="streaming")
+        encoder.prepare_streaming(config.chunk_size, config.num_left_chunks)
         self.kind = encoder.streaming_kind
         self.chunk_size = config.chunk_size
         self.geometry = encoder.streaming_geometry(config.chunk_size)
@@ -220,6 +221,11 @@ class StreamingExecutor:
             if feats is not None and feats.shape[0]:
                 stream.feats.append(feats)
                 stream.feat_frames += feats.shape[0]
+            tail = self.engine.model.encoder.streaming_tail_frames
+            if tail and stream.feat_frames:  # the encoder's end-of-stream padding frames
+                pad = self.engine.model.encoder.streaming_pad_value
+                stream.feats.append(torch.full((tail, self.extractor.feature_dim), pad, device=self.extractor.device))
+                stream.feat_frames += tail
 
     def _window(self, stream: Stream) -> torch.Tensor | None:
         """The stream's next feature window, or None if it is not ready."""

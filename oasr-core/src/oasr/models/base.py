@@ -63,6 +63,12 @@ class BaseEncoder(nn.Module):
     subsampling_rate: int = 1
     #: feature frames of look-ahead the subsampling front-end needs beyond a chunk
     right_context: int = 0
+    #: feature frames of :attr:`streaming_pad_value` the streaming executor appends after a stream's
+    #: last feature frame, so its final windows see what the reference recipe feeds (icefall: 30 tail
+    #: frames plus its 13 window-padding frames); 0: nothing appended
+    streaming_tail_frames: int = 0
+    #: the feature value of those appended frames (icefall: LOG_EPS = log(1e-10))
+    streaming_pad_value: float = 0.0
 
     @property
     def output_size(self) -> int:
@@ -84,6 +90,11 @@ class BaseEncoder(nn.Module):
         """Values of the persistent :attr:`streaming_state_specs` for a request with ``options``
         (its :class:`DecodingOptions`), written when the stream is admitted; default: none."""
         return {}
+
+    def prepare_streaming(self, chunk_size: int, num_left_chunks: int) -> None:
+        """Called once when a streaming engine is built, before :meth:`streaming_geometry` and the
+        backend read this encoder: an encoder whose per-stream state extents depend on the engine's
+        ``chunk_size`` / ``num_left_chunks`` sizes them here (and raises to refuse them); default: nothing."""
 
     def streaming_geometry(self, chunk_size: int) -> StreamingGeometry:
         """The feature window for ``chunk_size`` encoder frames; raise to refuse a chunk size."""
