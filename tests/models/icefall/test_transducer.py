@@ -92,3 +92,63 @@ def test_context_size_one_is_an_embedding_lookup():
                             torch.tensor([True, True]))
     with torch.no_grad():
         torch.testing.assert_close(decoder.predict(state), decoder.embedding.weight[[3, 4]])
+
+
+# -- searches over the fixtures' encoder outputs (core's transducer searches, this predictor/joiner) ----
+def _results(fixtures_dir, name: str) -> dict:
+    from .conftest import results
+
+    return results(fixtures_dir, name)["clips"]
+
+
+def _projected(joiner: Joiner, encoder_outs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The clips' encoder outputs as one zero-padded batch, projected once per frame."""
+    lengths = torch.tensor([e.shape[0] for e in encoder_outs])
+    batch = torch.nn.utils.rnn.pad_sequence(encoder_outs, batch_first=True)
+    with torch.no_grad():
+        return joiner.project_encoder(batch), lengths
+
+
+@pytest.mark.parametrize("name", TRANSDUCERS)
+@pytest.mark.parametrize("max_symbols", [1, 3])
+def test_greedy_search_matches_icefall(fixtures_dir, name, max_symbols):
+    from oasr.decoding.transducer import transducer_greedy_search
+
+    decoder, joiner = predictor_and_joiner(fixtures_dir, name)
+    ref, res = refs(fixtures_dir, name), _results(fixtures_dir, name)
+    for clip in CLIPS:
+        want = res[clip][f"greedy_search_max_sym{max_symbols}"]
+        if max_symbols == 1:
+            assert want == ref[clip]["greedy_search_batch_hyp"].tolist() == res[clip]["greedy_search_batch"]
+        enc, lens = _projected(joiner, [ref[clip]["encoder_out"]])
+        with torch.no_grad():
+            hyp, = transducer_greedy_search(decoder, joiner, enc, lens, blank_id=0, max_symbols=max_symbols)
+        assert hyp.tokens == want, clip
+        assert len(hyp.token_frames) == len(want) and hyp.token_frames == sorted(hyp.token_frames)
+        per_frame = torch.bincount(torch.tensor(hyp.token_frames)) if hyp.token_frames else torch.zeros(1)
+        assert int(per_frame.max()) <= max_symbols
+    # both clips in one batch: each row is searched as if alone
+    enc, lens = _projected(joiner, [ref[clip]["encoder_out"] for clip in CLIPS])
+    with torch.no_grad():
+        hyps = transducer_greedy_search(decoder, joiner, enc, lens, blank_id=0, max_symbols=max_symbols)
+    assert [h.tokens for h in hyps] == [res[clip][f"greedy_search_max_sym{max_symbols}"] for clip in CLIPS]
+
+
+@pytest.mark.parametrize("name", TRANSDUCERS)
+def test_modified_beam_search_matches_icefall(fixtures_dir, name):
+    from oasr.decoding.transducer import transducer_modified_beam_search
+
+    decoder, joiner = predictor_and_joiner(fixtures_dir, name)
+    ref, res = refs(fixtures_dir, name), _results(fixtures_dir, name)
+    want = {clip: ref[clip]["modified_beam_search_4_hyp"].tolist() for clip in CLIPS}
+    assert want == {clip: res[clip]["modified_beam_search_4"] for clip in CLIPS}
+    for clip in CLIPS:
+        enc, lens = _projected(joiner, [ref[clip]["encoder_out"]])
+        with torch.no_grad():
+            (best, *_), = transducer_modified_beam_search(decoder, joiner, enc, lens, blank_id=0, beam_size=4)
+        assert best.tokens == want[clip], clip
+    enc, lens = _projected(joiner, [ref[clip]["encoder_out"] for clip in CLIPS])
+    with torch.no_grad():
+        nbests = transducer_modified_beam_search(decoder, joiner, enc, lens, blank_id=0, beam_size=4, n_best=4)
+    assert [n[0].tokens for n in nbests] == [want[clip] for clip in CLIPS]
+    assert all(1 <= len(n) <= 4 for n in nbests)
