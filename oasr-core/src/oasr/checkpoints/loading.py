@@ -122,8 +122,20 @@ def materialize(converted: ConvertedCheckpoint, converter: CheckpointConverter |
 
 
 def convert_checkpoint(path: Path, architecture: str | None = None) -> tuple[ConvertedCheckpoint, CheckpointConverter]:
-    """Run the converter chosen by ``architecture=`` or by detection over a source directory."""
-    name = architecture or detect_architecture(path)
+    """Run the converter chosen by ``architecture=`` or by detection over a source directory.
+
+    A directory no converter claims, whose marker files show a layout an OASR family distribution reads,
+    is refused naming that distribution and how to install or enable it (:mod:`oasr.checkpoints.families`).
+    """
+    try:
+        name = architecture or detect_architecture(path)
+    except CheckpointFormatError as exc:
+        from oasr.checkpoints.families import install_hint
+
+        hint = install_hint(path)
+        if hint is None:
+            raise
+        raise CheckpointFormatError(hint, path=path) from exc
     converter = converter_for(name)
     try:
         converted = converter.convert(path)
