@@ -25,3 +25,4 @@ def oasr_register_tokenizers(register) -> None:
 @hookimpl
 def oasr_register_decoders(register) -> None:
     register("ctc", "oasr.decoding.ctc_strategy:CtcDecodeStrategy")
+    register("transducer", "oasr.decoding.transducer_strategy:TransducerDecodeStrategy")

@@ -1,0 +1,265 @@
+"""The ``transducer`` decode strategy: greedy or modified beam search over a predictor and a joiner.
+
+Offline it runs the encoder (``encode_offline``), projects every frame once
+(``joiner.project_encoder``) and searches the batch (rows finish independently).  Streaming it
+projects each chunk's hidden states once for all streams of the chunk and advances each stream's
+search by its rows.  The model contract is :mod:`oasr.models.transducer`.
+
+Which search a request gets: greedy unless the engine option ``search`` is ``"modified_beam"`` or the
+request asks ``beam_size > 1``, ``n_best > 1`` or hotwords.  Checkpoint defaults
+(``DecodingDefaults.options``: ``unk_id``, ``max_symbols``, ``beam_size``, ``hotword_score``,
+``search``) stand in for options the engine configuration leaves unset.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+import attrs
+import torch
+
+from oasr.decoding.strategy import DecodeBatch, DecodeContext, DecodeStrategy
+from oasr.decoding.types import Hypothesis
+from oasr.errors import ConfigError, RequestError
+from oasr.models.interfaces import Requirement
+
+#: the class defaults of the options left as None in :class:`TransducerOptions`
+DEFAULTS = {"search": "greedy", "beam_size": 4, "max_symbols": 1, "hotword_score": 1.5}
+
+
+@attrs.define
+class TransducerOptions:
+    #: "greedy" or "modified_beam" (None: the checkpoint's, else greedy); a request asking
+    #: beam_size > 1, n_best > 1 or hotwords gets modified beam search
+    search: Literal["greedy", "modified_beam"] | None = None
+    #: beam of modified beam search (None: the checkpoint's, else 4)
+    beam_size: int | None = None
+    #: labels emitted per frame at most, greedy (None: the checkpoint's, else 1)
+    max_symbols: int | None = None
+    #: bonus per matched hotword token in context biasing (None: the checkpoint's, else 1.5)
+    hotword_score: float | None = None
+
+
+class TransducerDecodeStrategy(DecodeStrategy):
+    family = "transducer"
+    requires = (
+        Requirement("encode_offline", "the searches read the encoder's hidden states (B, T', D) and lengths"),
+        Requirement("predictor", "a TransducerPredictor (init_state / predict / advance / select) feeds the joint"),
+        Requirement("joiner", "a TransducerJoiner (project_encoder / project_predictor / joint) scores labels"),
+    )
+    stream_requires = (
+        Requirement("joiner.project_encoder", "streaming projects each chunk's encoder frames once for all streams"),
+    )
+    options_class = TransducerOptions
+    supported_options = frozenset({"word_timestamps", "beam_size", "n_best", "hotwords"})
+
+    def __init__(self, ctx: DecodeContext, options: Any = None):
+        super().__init__(ctx, options)
+        self.options = self._resolve(self.options, dict(ctx.decoding_defaults.options or {}))
+        self.predictor = ctx.model.predictor
+        self.joiner = ctx.model.joiner
+        unk = ctx.decoding_defaults.options.get("unk_id") if ctx.decoding_defaults.options else None
+        self.unk_id = None if unk is None else int(unk)
+        if self.options.search == "modified_beam":
+            reason = self._beam_refusal()
+            if reason:
+                raise ConfigError(f"decode option search='modified_beam' is refused: {reason}", key="search")
+
+    @staticmethod
+    def _resolve(options: TransducerOptions, checkpoint: dict[str, Any]) -> TransducerOptions:
+        values = {}
+        for name, default in DEFAULTS.items():
+            value = getattr(options, name)
+            if value is None:
+                value = checkpoint.get(name, default)
+            values[name] = value
+        if values["search"] not in ("greedy", "modified_beam"):
+            raise ConfigError(f"decode option search must be 'greedy' or 'modified_beam', got {values['search']!r}",
+                              key="search")
+        for name in ("beam_size", "max_symbols"):
+            if int(values[name]) < 1:
+                raise ConfigError(f"decode option {name} must be at least 1, got {values[name]}", key=name)
+            values[name] = int(values[name])
+        values["hotword_score"] = float(values["hotword_score"])
+        return TransducerOptions(**values)
+
+    # -- admission ------------------------------------------------------------------------------------
+    def _beam_refusal(self) -> str | None:
+        """Why modified beam search cannot run on this model (None: it can)."""
+        if not getattr(self.predictor, "label_window_state", False):
+            return (f"{type(self.predictor).__name__} keeps a recurrent state (label_window_state is False), and "
+                    f"modified beam search needs a label-window state; decode it greedily (beam_size 1)")
+        if getattr(self.joiner, "durations", ()):
+            return "modified beam search over TDT durations is not implemented; decode it greedily (beam_size 1)"
+        return None
+
+    def validate(self, options, request_id=None) -> None:
+        super().validate(options, request_id)
+        beam = self._beam_size(options)
+        if options.n_best > beam:
+            raise RequestError(f"n_best={options.n_best} exceeds the beam size {beam}; raise beam_size",
+                               request_id=request_id, param="n_best")
+        if self._beam(options):
+            reason = self._beam_refusal()
+            if reason:
+                param = "hotwords" if options.hotwords and not (options.beam_size or 1) > 1 else "beam_size"
+                raise RequestError(f"beam search (beam_size > 1, n_best > 1 or hotwords) is refused: {reason}",
+                                   request_id=request_id, param=param)
+        if options.hotwords:
+            try:
+                self._hotword_ids(options.hotwords)
+            except Exception as exc:
+                raise RequestError(f"hotwords cannot be tokenized by this model's tokenizer: {exc}",
+                                   request_id=request_id, param="hotwords") from exc
+
+    def _beam(self, options) -> bool:
+        return (self.options.search == "modified_beam" or (options.beam_size or 1) > 1 or options.n_best > 1
+                or bool(options.hotwords))
+
+    def _beam_size(self, options) -> int:
+        return options.beam_size if (options.beam_size or 1) > 1 else self.options.beam_size
+
+    def _hotword_ids(self, hotwords) -> list[list[int]]:
+        ids = [list(self.ctx.tokenizer.encode(word)) for word in hotwords]
+        for word, tokens in zip(hotwords, ids, strict=True):
+            if not tokens:
+                raise ValueError(f"hotword {word!r} has no tokens")
+        return ids
+
+    def context_graph(self, hotwords):
+        from oasr.decoding.context import ContextGraph
+
+        return ContextGraph(self._hotword_ids(hotwords), score=self.options.hotword_score)
+
+    @property
+    def blank_id(self) -> int:
+        blank = self.ctx.decoding_defaults.blank_id
+        return int(self.predictor.blank_id) if blank is None else int(blank)
+
+    def frame_seconds(self) -> float:
+        return self.ctx.frame_shift * self.ctx.model.encoder.subsampling_rate
+
+    # -- offline --------------------------------------------------------------------------------------
+    def decode(self, batch: DecodeBatch) -> list[Hypothesis | BaseException]:
+        t0 = time.perf_counter()
+        hidden, lengths = self.ctx.model.encode_offline(batch.feats, batch.feat_lens)
+        enc_proj = self.joiner.project_encoder(hidden)
+        t1 = time.perf_counter()
+        results = self.search(enc_proj, lengths.cpu(), batch.options)
+        batch.timings["encoder"] = t1 - t0
+        batch.timings["decode"] = time.perf_counter() - t1
+        return results
+
+    def search(self, enc_proj: torch.Tensor, lengths: torch.Tensor, options_list) -> list[Hypothesis]:
+        """Search each row of the projected frames by its own options (rows asking the same search run batched)."""
+        from oasr.decoding.transducer import transducer_greedy_search, transducer_modified_beam_search
+
+        results: list[Hypothesis | None] = [None] * len(options_list)
+        greedy_rows = [i for i, o in enumerate(options_list) if not self._beam(o)]
+        if greedy_rows:
+            index = torch.tensor(greedy_rows, dtype=torch.long, device=enc_proj.device)
+            hyps = transducer_greedy_search(self.predictor, self.joiner, enc_proj[index], lengths[greedy_rows],
+                                            blank_id=self.blank_id, unk_id=self.unk_id,
+                                            max_symbols=self.options.max_symbols)
+            for i, hyp in zip(greedy_rows, hyps, strict=True):
+                results[i] = hyp
+        groups: dict[tuple, list[int]] = {}
+        for i, o in enumerate(options_list):
+            if self._beam(o):
+                groups.setdefault((self._beam_size(o), o.n_best, o.hotwords), []).append(i)
+        for (beam, n_best, hotwords), rows in groups.items():
+            context = self.context_graph(hotwords) if hotwords else None
+            index = torch.tensor(rows, dtype=torch.long, device=enc_proj.device)
+            nbests = transducer_modified_beam_search(self.predictor, self.joiner, enc_proj[index], lengths[rows],
+                                                     blank_id=self.blank_id, unk_id=self.unk_id, beam_size=beam,
+                                                     n_best=n_best, context=context)
+            for i, nbest in zip(rows, nbests, strict=True):
+                results[i] = with_nbest(nbest)
+        frame = self.frame_seconds()
+        for hyp, opts in zip(results, options_list, strict=True):
+            self.finish_hypothesis(hyp, frame, opts)
+        return results
+
+    def finish_hypothesis(self, hyp: Hypothesis, frame: float, options) -> None:
+        """Token times, the utterance confidence (geometric mean) and, when asked, word timings."""
+        from oasr.decoding.words import words_from_tokens
+
+        for h in [hyp, *(hyp.nbest or [])]:
+            if h.token_frames is not None:
+                h.token_times = [round(f * frame, 3) for f in h.token_frames]
+            if h.token_confidences:
+                conf = 1.0
+                for c in h.token_confidences:
+                    conf *= c
+                h.confidence = conf ** (1.0 / len(h.token_confidences))
+        if options.word_timestamps and hyp.token_frames is not None:
+            hyp.words = words_from_tokens(hyp.tokens, hyp.token_frames, hyp.token_confidences, self.ctx.tokenizer,
+                                          frame_shift_seconds=frame)
+
+    # -- streaming ------------------------------------------------------------------------------------
+    def stream_search(self, options) -> TransducerStreamSearch:
+        return TransducerStreamSearch(self, options)
+
+    def advance_streams(self, searches, hidden, lengths) -> None:
+        """Project the chunk (B, T, D) once, then each stream's search takes its row's frames."""
+        enc_proj = self.joiner.project_encoder(hidden)
+        for row, search in enumerate(searches):
+            if lengths[row]:
+                search.advance_projected(enc_proj[row, : lengths[row]])
+
+
+def with_nbest(nbest: list[Hypothesis]) -> Hypothesis:
+    """The best of an n-best list, carrying the list."""
+    best = nbest[0] if nbest else Hypothesis(tokens=[], token_frames=[], token_confidences=[])
+    best.nbest = nbest
+    return best
+
+
+class TransducerStreamSearch:
+    """One stream's greedy or modified beam search, fed projected frames chunk by chunk; its result after
+    the last chunk equals the offline search of the concatenated frames."""
+
+    keeps_hidden = False
+
+    def __init__(self, strategy: TransducerDecodeStrategy, options):
+        from oasr.decoding.transducer import BeamRows, GreedyRows
+
+        self.strategy = strategy
+        self.options = options
+        device = strategy.ctx.device
+        if strategy._beam(options):
+            context = strategy.context_graph(options.hotwords) if options.hotwords else None
+            self.beam: BeamRows | None = BeamRows(strategy.predictor, strategy.joiner, 1, device,
+                                                  blank_id=strategy.blank_id, unk_id=strategy.unk_id,
+                                                  beam_size=strategy._beam_size(options), context=context)
+            self.greedy = None
+        else:
+            self.beam = None
+            self.greedy = GreedyRows(strategy.predictor, strategy.joiner, 1, device, blank_id=strategy.blank_id,
+                                     unk_id=strategy.unk_id, max_symbols=strategy.options.max_symbols)
+
+    def advance(self, hidden: torch.Tensor) -> None:
+        """One chunk's encoder frames (T, D) of this stream."""
+        self.advance_projected(self.strategy.joiner.project_encoder(hidden))
+
+    def advance_projected(self, enc_proj: torch.Tensor) -> None:
+        """One chunk's projected encoder frames (T, J) of this stream."""
+        if self.greedy is not None:
+            self.greedy.run(enc_proj[None], [enc_proj.shape[0]])
+            return
+        for t in range(enc_proj.shape[0]):
+            self.beam.step(enc_proj[t:t + 1], [0])
+
+    def best(self) -> Hypothesis:
+        if self.greedy is not None:
+            return self.greedy.hypothesis(0)
+        return self.beam.results(0, 1)[0]
+
+    def final(self, hidden: list[torch.Tensor], frame_seconds: float) -> Hypothesis:
+        if self.greedy is not None:
+            hyp = self.greedy.hypothesis(0)
+        else:
+            hyp = with_nbest(self.beam.results(0, self.options.n_best))
+        self.strategy.finish_hypothesis(hyp, frame_seconds, self.options)
+        return hyp
