@@ -16,6 +16,7 @@ from torch import nn
 
 from oasr import layers
 from oasr.models import BaseAsrModel, CacheSpec
+from oasr.models.specs import QuantLayout
 from oasr_models_wenet.config import ConformerModelConfig
 from oasr_models_wenet.decoder import BiTransformerDecoder
 from oasr_models_wenet.encoder import KV, ChunkOutput, ConformerEncoder
@@ -60,6 +61,13 @@ class ConformerModel(BaseAsrModel):
         self.encoder = ConformerEncoder(config.encoder)
         self.ctc = CtcHead(config.encoder.output_size, config.vocab_size)
         self.decoder = BiTransformerDecoder(config.decoder) if config.decoder is not None else None
+
+    def quantization_layout(self) -> QuantLayout:
+        """The CTC head and the subsampling's output projection stay at full precision under int8.
+        Measured with benchmarks/wenet.py (WeNet-sized, 12 x d256, vocab 5000, random weights): all
+        linears int8 kept 96.9 % of the fp32 CTC argmax frames; with the CTC head at fp32 98.0 %, and
+        with the embed's projection too 98.0 %; the two are ~4 % of the encoder's multiply-adds."""
+        return QuantLayout(keep_full_precision=("ctc", "encoder.embed"))
 
     @property
     def capabilities(self) -> frozenset[str]:
