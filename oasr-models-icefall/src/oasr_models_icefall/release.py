@@ -13,6 +13,7 @@ The functions, kept small and stable because several converters call them:
 - :func:`is_release_dir` — the directory has an ``exp/*.pt`` and a ``data/lang_bpe_*`` folder.
 - :func:`checkpoint_file` — which file of ``exp/`` holds the weights (or a clear refusal).
 - :func:`load_state_dict` — that file's ``model`` state dict, read with ``weights_only=True``.
+- :func:`checkpoint_keys` — the state-dict keys alone, read lazily (for ``detect``); empty when unreadable.
 - :func:`lang_dir` — the ``data/lang_bpe_*`` folder.
 - :func:`token_ids` — ``tokens.txt`` as piece → id.
 - :func:`tokenizer_spec` — a ``sentencepiece`` :class:`TokenizerSpec` with blank/sos-eos/unk special.
@@ -108,6 +109,20 @@ def load_state_dict(path: Path, name: str | None = None) -> dict[str, torch.Tens
         raise CheckpointFormatError(
             f"{file} has no 'model' state dict of tensors (found: {keys}); {EXPORT_HINT}", path=file)
     return dict(model)
+
+
+def checkpoint_keys(path: Path, name: str | None = None) -> frozenset[str]:
+    """The ``model`` state-dict keys of a release's weights file, memory-mapped (no tensor data is
+    read); empty when the file is missing or not plain tensors (:func:`load_state_dict` explains)."""
+    try:
+        file = checkpoint_file(path, name)
+        if _is_torchscript(file):
+            return frozenset()
+        obj = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # unreadable here; the loader names the problem
+        return frozenset()
+    model = obj.get("model") if isinstance(obj, dict) else None
+    return frozenset(k for k in model if isinstance(k, str)) if isinstance(model, dict) else frozenset()
 
 
 def lang_dir(path: Path) -> Path:

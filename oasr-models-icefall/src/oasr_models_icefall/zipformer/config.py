@@ -26,6 +26,8 @@ class ZipformerEncoderConfig:
     """Zipformer2 + its Conv2dSubsampling front-end (``encoder_embed``)."""
 
     feature_dim: int = 80
+    #: channels of encoder_embed's three convolutions (icefall's Conv2dSubsampling defaults)
+    embed_channels: tuple[int, ...] = attrs.field(default=(8, 32, 128), converter=_ints)
     downsampling_factor: tuple[int, ...] = attrs.field(default=(1, 2, 4, 8, 4, 2), converter=_ints)
     num_encoder_layers: tuple[int, ...] = attrs.field(default=(2, 2, 3, 4, 3, 2), converter=_ints)
     encoder_dim: tuple[int, ...] = attrs.field(default=(192, 256, 384, 512, 384, 256), converter=_ints)
@@ -71,7 +73,8 @@ class ZipformerCtcModelConfig(BaseModelConfig):
     @classmethod
     def tiny(cls) -> ZipformerCtcModelConfig:
         encoder = ZipformerEncoderConfig(
-            feature_dim=20, downsampling_factor=(1, 2), num_encoder_layers=(1, 1), encoder_dim=(16, 24),
+            feature_dim=20, embed_channels=(4, 8, 16), downsampling_factor=(1, 2), num_encoder_layers=(1, 1),
+            encoder_dim=(16, 24),
             num_heads=(2, 2), query_head_dim=(4, 4), value_head_dim=(4, 4), pos_head_dim=(2, 2), pos_dim=8,
             feedforward_dim=(24, 32), cnn_module_kernel=(5, 3), causal=True, chunk_size=4, left_context_frames=8)
         return cls(vocab_size=16, encoder=encoder)

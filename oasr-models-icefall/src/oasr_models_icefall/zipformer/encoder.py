@@ -29,6 +29,7 @@ from oasr_models_icefall.zipformer.scaling import (
     SimpleUpsample,
     convert_num_channels,
 )
+from oasr_models_icefall.zipformer.streaming import ZipformerStreaming  # slot/stateful streaming (zipformer-streaming)
 from oasr_models_icefall.zipformer.subsampling import Conv2dSubsampling
 
 #: icefall fills masked attention scores with this (not -inf)
@@ -350,7 +351,7 @@ def make_pad_mask(lengths: torch.Tensor, max_len: int) -> torch.Tensor:
     return torch.arange(max_len, device=lengths.device) >= lengths.unsqueeze(-1)
 
 
-class ZipformerEncoderModel(BaseEncoder):
+class ZipformerEncoderModel(ZipformerStreaming, BaseEncoder):
     """The OASR encoder: ``encoder_embed`` (Conv2dSubsampling) + ``encoder`` (Zipformer2).
 
     Features beyond each row's length are refilled with icefall's LOG_EPS = log(1e-10) before the
@@ -364,7 +365,7 @@ class ZipformerEncoderModel(BaseEncoder):
     def __init__(self, config: ZipformerEncoderConfig):
         super().__init__()
         self.config = config
-        self.encoder_embed = Conv2dSubsampling(config.feature_dim, config.encoder_dim[0])
+        self.encoder_embed = Conv2dSubsampling(config.feature_dim, config.encoder_dim[0], *config.embed_channels)
         self.encoder = Zipformer2(config)
 
     @property
