@@ -46,6 +46,13 @@ def oasr_register_models(register) -> None:
         description="Google MedASR (Hugging Face lasr_ctc): Conformer-CTC with RoPE and scaled residuals",
     )
     register(
+        "parakeet_ctc",
+        model="oasr_models_hf.fastconformer.model:ParakeetCtcModel",
+        config="oasr_models_hf.fastconformer.config:ParakeetCtcConfig",
+        converter="oasr_models_hf.fastconformer.convert:ParakeetCtcConverter",
+        description="NVIDIA Parakeet CTC (Hugging Face parakeet_ctc): FastConformer encoder + CTC head",
+    )
+    register(
         "speech_llm",
         model="oasr_models_hf.speech_llm.model:SpeechLlmModel",
         config="oasr_models_hf.speech_llm.config:SpeechLlmConfig",

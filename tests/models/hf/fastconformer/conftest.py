@@ -1,0 +1,117 @@
+"""Fixtures of the FastConformer (Parakeet) tests: tiny random ``ParakeetForCTC`` / ``ParakeetForRNNT`` /
+``ParakeetForTDT`` checkpoints built by transformers itself (init widened, BatchNorm statistics random), saved
+with a ``ParakeetProcessor`` (a small Unigram tokenizer built by the ``tokenizers`` library), and espeak-ng
+speech."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.models.hf.whisper import _helpers as wh
+
+LETTERS = "abcdefghijklmnopqrstuvwxyz'"
+WORDS = ["the", "and", "of", "to", "in", "is", "you", "that", "it", "he", "was", "for", "on", "are", "as", "with"]
+SENTENCES = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Please call me back when you get this message.",
+    "No.",
+    "The weather today is sunny with a light breeze and the sea is calm.",
+)
+#: two encoder shapes: 80 mels with subsampling 8 (the release's), 128 mels with subsampling 4 and no input scale
+SHAPES = {
+    "s8": dict(num_mel_bins=80, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+               conv_kernel_size=9, subsampling_conv_channels=16, subsampling_factor=8, seed=0),
+    "s4": dict(num_mel_bins=128, hidden_size=48, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96,
+               conv_kernel_size=5, subsampling_conv_channels=8, subsampling_factor=4, scale_input=False, seed=1),
+}
+NO_DROPOUT = dict(dropout=0.0, layerdrop=0.0, activation_dropout=0.0, attention_dropout=0.0, initializer_range=0.5)
+
+
+def pieces() -> list[tuple[str, float]]:
+    out = [("<unk>", 0.0), ("▁", -2.0)]
+    out += [("▁" + w, -3.0 - i * 0.1) for i, w in enumerate(WORDS)]
+    return out + [(c, -5.0) for c in LETTERS] + [("▁" + c, -6.0) for c in LETTERS]
+
+
+def tokenizer(blank: str):
+    """A ParakeetTokenizer over a SentencePiece-style Unigram vocabulary, ``blank`` added last (its blank id)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import ParakeetTokenizer
+
+    backend = Tokenizer(models.Unigram(pieces(), unk_id=0))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.decoder = decoders.Metaspace()
+    if blank == "<pad>":
+        return ParakeetTokenizer(tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>")
+    tok = ParakeetTokenizer(tokenizer_object=backend, unk_token="<unk>", pad_token="<unk>")
+    tok.add_tokens([blank], special_tokens=True)
+    return tok
+
+
+def _randomize_batchnorm(model) -> None:
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm1d):
+                module.running_mean.uniform_(-0.5, 0.5)
+                module.running_var.uniform_(0.5, 2.0)
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.uniform_(-0.2, 0.2)
+
+
+def build_checkpoint(root: Path, shape: dict, kind: str) -> Path:
+    """A random Parakeet model of ``kind`` ("ctc", "rnnt", "tdt") saved with its processor in ``root``."""
+    import transformers as tf
+
+    shape = dict(shape)
+    seed = shape.pop("seed")
+    encoder = dict(shape, **NO_DROPOUT)
+    tok = tokenizer("<pad>" if kind == "ctc" else "<blank>")
+    vocab = len(tok)
+    torch.manual_seed(seed)
+    if kind == "ctc":
+        model = tf.ParakeetForCTC(tf.ParakeetCTCConfig(vocab_size=vocab, pad_token_id=vocab - 1,
+                                                       encoder_config=encoder)).eval()
+        with torch.no_grad():
+            model.ctc_head.weight.mul_(4.0)
+            model.ctc_head.bias.uniform_(-1.0, 1.0)
+    else:
+        config_cls, model_cls = ((tf.ParakeetRNNTConfig, tf.ParakeetForRNNT) if kind == "rnnt"
+                                 else (tf.ParakeetTDTConfig, tf.ParakeetForTDT))
+        config = config_cls(vocab_size=vocab, blank_token_id=vocab - 1, pad_token_id=0, decoder_hidden_size=40,
+                            num_decoder_layers=2, max_symbols_per_step=10, encoder_config=encoder)
+        model = model_cls(config).eval()
+        with torch.no_grad():
+            model.joint.head.weight.mul_(2.0)
+        model.generation_config.decoder_start_token_id = vocab - 1
+    _randomize_batchnorm(model)
+    model.save_pretrained(root)
+    tf.ParakeetProcessor(tf.ParakeetFeatureExtractor(feature_size=shape["num_mel_bins"]), tok).save_pretrained(root)
+    return root
+
+
+@pytest.fixture(scope="session", params=sorted(SHAPES))
+def ctc_dir(request, tmp_path_factory) -> Path:
+    return build_checkpoint(tmp_path_factory.mktemp(f"parakeet_ctc_{request.param}"), SHAPES[request.param], "ctc")
+
+
+@pytest.fixture(scope="session")
+def hf_ctc(ctc_dir):
+    from transformers import AutoProcessor, ParakeetForCTC
+
+    return ParakeetForCTC.from_pretrained(ctc_dir).eval(), AutoProcessor.from_pretrained(ctc_dir)
+
+
+@pytest.fixture(scope="session")
+def ours_ctc(ctc_dir):
+    from oasr.checkpoints.loading import load_pretrained
+
+    return load_pretrained(ctc_dir)
+
+
+@pytest.fixture(scope="session")
+def speech(tmp_path_factory) -> list:
+    out = tmp_path_factory.mktemp("parakeet_espeak")
+    return [wh.espeak(text, out / f"s{i}.wav") for i, text in enumerate(SENTENCES)]
