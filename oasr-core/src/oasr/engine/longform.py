@@ -17,6 +17,11 @@ no forward ever sees more than one limit's worth of audio.
   itself (its strategy ``supports_long_form``, e.g. windowed autoregressive decoding) gets the
   speech spans joined into one request, as faster-whisper's ``vad_filter`` does, and its timestamps
   are mapped back to the original audio.
+- With ``batched`` (faster-whisper's ``BatchedInferencePipeline``, for a family that long-forms
+  itself) the speech spans (at most one window each) are merged, in order, into chunks of up to one
+  window (``collect_chunks``); each chunk's joined speech is a piece of its own, so the chunks are
+  decoded independently and batched; their times are shifted by the chunk's place in the joined
+  speech and mapped back to the original audio as ``vad_filter``'s are.
 - Cut points fall on multiples of the encoder's frame stride, so a piece's frames are the same
   frames the whole audio would have.
 """
@@ -54,6 +59,9 @@ class Piece:
     end: int
     keep_from: float = -math.inf
     keep_until: float = math.inf
+    #: batched long-form: the speech spans (of the request's audio) whose joined samples are this piece;
+    #: ``start``/``end`` are then the piece's place in the joined speech
+    spans: tuple[SpeechSpan, ...] | None = None
 
     @property
     def trimmed(self) -> bool:
@@ -69,6 +77,8 @@ class Plan:
     silences: list[tuple[float, float]] | None
     #: the speech spans whose audio, joined, is the single piece (families that long-form themselves)
     joined: list[SpeechSpan] | None = None
+    #: batched long-form: each piece is a chunk of ``joined`` decoded on its own
+    batched: bool = False
     results: list[Any] = attrs.field(factory=list)
     remaining: int = 0
 
@@ -80,6 +90,32 @@ class Plan:
 def silences_of(spans: list[SpeechSpan], num_samples: int, rate: int) -> list[tuple[float, float]]:
     edges = [0] + [x for s in spans for x in (s.start, s.end)] + [num_samples]
     return [(round(a / rate, 3), round(b / rate, 3)) for a, b in zip(edges[::2], edges[1::2], strict=True) if b > a]
+
+
+def batched_vad_options(given: VadOptions | None, window_seconds: float) -> VadOptions:
+    """The VAD rules of batched long-form: faster-whisper's batched defaults (spans of at most one
+    window, 160 ms minimum silence), or the given rules with spans capped at one window."""
+    if given is None:
+        return VadOptions(max_speech_duration_s=window_seconds, min_silence_duration_ms=160)
+    return attrs.evolve(given, max_speech_duration_s=min(given.max_speech_duration_s, window_seconds))
+
+
+def merge_spans(spans: list[SpeechSpan], max_samples: int) -> list[list[SpeechSpan]]:
+    """Consecutive spans joined into chunks of at most ``max_samples`` speech samples, a span that
+    would overflow the current chunk starting the next (faster-whisper's ``collect_chunks``)."""
+    chunks: list[list[SpeechSpan]] = []
+    current: list[SpeechSpan] = []
+    length = 0
+    for span in spans:
+        size = span.end - span.start
+        if current and length + size > max_samples:
+            chunks.append(current)
+            current, length = [], 0
+        current.append(span)
+        length += size
+    if current:
+        chunks.append(current)
+    return chunks
 
 
 def cut_region(start: int, end: int, silent: np.ndarray, *, limit: int, overlap: int, align: int,
@@ -138,6 +174,8 @@ class LongForm:
             limit = engine.window_seconds
         self.limit_seconds: float | None = limit
         self.joins = strategy.supports_long_form
+        #: batched long-form: the most speech in one chunk (the model's window, else the segment limit)
+        self.chunk_seconds: float | None = engine.window_seconds or limit
         stride = engine._hop * max(1, int(engine.feature_config.lfr_n)) * max(1, model.encoder.subsampling_rate)
         self.align = stride
         self._vad = None
@@ -161,7 +199,7 @@ class LongForm:
         """None when the request is decoded whole; otherwise its pieces."""
         n = samples.numel()
         limit = None if self.limit_seconds is None else int(self.limit_seconds * self.rate)
-        if not options.vad_filter and (limit is None or n <= limit):
+        if not options.vad_filter and not options.batched and (limit is None or n <= limit):
             return None
         from oasr.vad.silero import check_rate
         from oasr.vad.spans import WINDOW, speech_spans
@@ -173,6 +211,8 @@ class LongForm:
         audio = samples.numpy()
         vad_options = options.vad_options or VadOptions()
         probs = self.vad.probabilities(audio)
+        if options.batched:
+            return self._batched_plan(probs, n, options, request_id)
         silent = probs < vad_options.silence_threshold
         if options.vad_filter:
             spans = speech_spans(probs, n, vad_options, self.rate)
@@ -193,8 +233,24 @@ class LongForm:
                                      min_run=min_run, rate=self.rate)
         return Plan(pieces, silences)
 
+    def _batched_plan(self, probs: np.ndarray, n: int, options: DecodingOptions, request_id: str) -> Plan:
+        from oasr.vad.spans import speech_spans
+
+        if not self.joins or self.chunk_seconds is None:
+            raise OasrError(f"request {request_id}: batched long-form needs a family that long-forms itself "
+                            f"and a window to chunk the speech into")
+        spans = speech_spans(probs, n, batched_vad_options(options.vad_options, self.chunk_seconds), self.rate)
+        pieces, pos = [], 0
+        for chunk in merge_spans(spans, int(self.chunk_seconds * self.rate)):
+            size = sum(s.end - s.start for s in chunk)
+            pieces.append(Piece(pos, pos + size, spans=tuple(chunk)))
+            pos += size
+        return Plan(pieces, silences_of(spans, n, self.rate), spans, batched=True)
+
     @staticmethod
     def piece_audio(audio: torch.Tensor, plan: Plan, piece: Piece) -> torch.Tensor:
+        if piece.spans is not None:
+            return torch.cat([audio[s.start:s.end] for s in piece.spans])
         if plan.joined is not None:
             return torch.cat([audio[s.start:s.end] for s in plan.joined])
         return audio[piece.start:piece.end]
@@ -220,7 +276,9 @@ class LongForm:
                 return failed
         from oasr.engine.outputs import build_output
 
-        if plan.joined is not None:
+        if plan.batched:
+            hyp = self._unjoin(self._join_chunks(plan), plan.joined)
+        elif plan.joined is not None:
             hyp = self._unjoin(plan.results[0], plan.joined) if plan.results else Hypothesis(tokens=[], text="",
                                                                                               segments=[])
         else:
@@ -267,6 +325,28 @@ class LongForm:
         text = tokenizer.decode(tokens).strip() if from_tokens else " ".join(texts)
         return Hypothesis(tokens=tokens, text=text, words=words or None, segments=segments, language=language,
                           confidence=weighted / counted if counted else None)
+
+    def _join_chunks(self, plan: Plan) -> Hypothesis:
+        """The chunks' hypotheses as one over the joined speech (times shifted by each chunk's place)."""
+        tokens: list[int] = []
+        words: list[WordTiming] = []
+        segments: list[Segment] | None = None
+        weighted, counted, language = 0.0, 0, None
+        for piece, hyp in zip(plan.pieces, plan.results, strict=True):
+            offset = piece.start / self.rate
+            tokens += hyp.tokens
+            words += self._shift(hyp.words, offset) or []
+            if hyp.segments is not None:
+                segments = segments if segments is not None else []
+                for seg in hyp.segments:
+                    segments.append(attrs.evolve(seg, id=len(segments), start=round(seg.start + offset, 3),
+                                                 end=round(seg.end + offset, 3), words=self._shift(seg.words, offset)))
+            if hyp.confidence is not None and hyp.tokens:
+                weighted += hyp.confidence * len(hyp.tokens)
+                counted += len(hyp.tokens)
+            language = language or hyp.language
+        return Hypothesis(tokens=tokens, text=self.engine.tokenizer.decode(tokens).strip(), words=words or None,
+                          segments=segments, language=language, confidence=weighted / counted if counted else None)
 
     def _kept(self, hyp: Hypothesis, piece: Piece, offset: float) -> list[int]:
         """Indices of the piece's tokens that are its own (not its overlapping neighbours')."""

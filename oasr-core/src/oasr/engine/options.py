@@ -64,8 +64,9 @@ class DecodingOptions:
     #: out (one segment spans the audio).  Decoding is the same either way (see ``without_timestamps``)
     timestamps: bool = True
     #: decode without timestamp tokens (openai-whisper's ``without_timestamps``); audio longer than
-    #: one window is still cut at timestamps
-    without_timestamps: bool = False
+    #: one window is still cut at timestamps.  None: False, except with ``batched``, where it is True
+    #: (faster-whisper's batched pipeline default)
+    without_timestamps: bool | None = None
     beam_size: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
     n_best: int = attrs.field(default=1, validator=attrs.validators.ge(1))
     #: a tuple is a fallback schedule: a window that fails the thresholds below is decoded again at the next
@@ -103,6 +104,12 @@ class DecodingOptions:
     vad_filter: bool = False
     #: VAD rules for ``vad_filter`` and for cutting long audio at silences (None: the defaults)
     vad_options: VadOptions | None = None
+    #: batched long-form (faster-whisper's ``BatchedInferencePipeline``), for families that long-form
+    #: themselves: the VAD's speech spans (``vad_options``, at most one window each; None: faster-whisper's
+    #: batched defaults) are merged into chunks of up to one window, and every chunk is decoded on its own
+    #: (no previous text, the first temperature only, no fallback or no-speech skipping), the chunks
+    #: batched like any requests; times are in the original audio, silences in ``RequestOutput.silences``
+    batched: bool = False
 
     def requested(self) -> set[str]:
         """Names of the fields set to something other than their default (those the engine itself

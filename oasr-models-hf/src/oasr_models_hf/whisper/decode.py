@@ -10,6 +10,8 @@ window is decoded in windows) and hands them to :class:`Transcriber`.  Per reque
 ``clip_timestamps``, ``max_new_tokens``, ``without_timestamps`` (decode without timestamp tokens),
 ``timestamps`` (timed segments in the output), ``word_timestamps`` (cross-attention + DTW) and
 ``hallucination_silence_threshold``.  The defaults decode as openai-whisper's ``transcribe()`` does.
+A request with ``batched`` is a chunk of batched long-form, decoded as faster-whisper's
+``BatchedInferencePipeline`` decodes one (:mod:`oasr_models_hf.whisper.batched`).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class AedDecodeStrategy(DecodeStrategy):
         "language", "task", "beam_size", "n_best", "temperature", "prompt", "initial_prompt", "max_new_tokens",
         "timestamps", "without_timestamps", "word_timestamps", "compression_ratio_threshold", "logprob_threshold",
         "no_speech_threshold", "condition_on_previous_text", "suppress_tokens", "clip_timestamps",
-        "hallucination_silence_threshold", "best_of", "patience", "length_penalty"})
+        "hallucination_silence_threshold", "best_of", "patience", "length_penalty", "batched"})
     needs_features = False
     supports_long_form = True
 
@@ -101,6 +103,10 @@ class AedDecodeStrategy(DecodeStrategy):
         if any(t < -1 or t >= vocab for t in options.suppress_tokens):
             refuse(f"suppress_tokens must be token ids below {vocab} (or -1), got {options.suppress_tokens}",
                    "suppress_tokens")
+        if options.batched:
+            from oasr_models_hf.whisper.batched import check_options
+
+            check_options(options, request_id)
         limit = self.ctx.model.config.max_target_positions // 2
         if options.max_new_tokens is not None and options.max_new_tokens > limit:
             refuse(f"max_new_tokens={options.max_new_tokens} exceeds Whisper's {limit} tokens per window",
@@ -123,6 +129,8 @@ class AedDecodeStrategy(DecodeStrategy):
         return out
 
     def decode(self, batch: DecodeBatch) -> list[Hypothesis | BaseException]:
+        if any(o.batched for o in batch.options):
+            return self._decode_chunks(batch)
         t0 = time.perf_counter()
         mels = self.log_mels(batch.waveforms)
         t1 = time.perf_counter()
@@ -133,3 +141,31 @@ class AedDecodeStrategy(DecodeStrategy):
         batch.timings["encoder"] = encoder
         batch.timings["decode"] = time.perf_counter() - t1 - encoder
         return results
+
+    def _decode_chunks(self, batch: DecodeBatch) -> list[Hypothesis | BaseException]:
+        """Batched long-form chunks decoded together, any other rows of the batch as usual."""
+        from oasr_models_hf.whisper.batched import decode_chunks
+
+        chunks = [i for i, o in enumerate(batch.options) if o.batched]
+        rest = [i for i, o in enumerate(batch.options) if not o.batched]
+        t0 = time.perf_counter()
+        self.transcriber.encoder_seconds = 0.0
+        with torch.inference_mode():
+            decoded = decode_chunks(self.transcriber, [batch.waveforms[i] for i in chunks],
+                                    [batch.options[i] for i in chunks])
+            encoder = self.transcriber.encoder_seconds
+            others = []
+            if rest:
+                mels = self.log_mels([batch.waveforms[i] for i in rest])
+                on_segments = None
+                if batch.on_segments is not None:
+                    def on_segments(row, *args):
+                        return batch.on_segments(rest[row], *args)
+                others = self.transcriber.run(mels, [batch.options[i] for i in rest], on_segments=on_segments)
+                encoder += self.transcriber.encoder_seconds
+        results: list[Hypothesis | BaseException | None] = [None] * len(batch.options)
+        for i, r in zip(chunks + rest, list(decoded) + list(others), strict=True):
+            results[i] = r
+        batch.timings["encoder"] = encoder
+        batch.timings["decode"] = time.perf_counter() - t0 - encoder
+        return results  # type: ignore[return-value]
