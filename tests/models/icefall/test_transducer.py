@@ -152,3 +152,188 @@ def test_modified_beam_search_matches_icefall(fixtures_dir, name):
         nbests = transducer_modified_beam_search(decoder, joiner, enc, lens, blank_id=0, beam_size=4, n_best=4)
     assert [n[0].tokens for n in nbests] == [want[clip] for clip in CLIPS]
     assert all(1 <= len(n) <= 4 for n in nbests)
+
+
+# -- the converter ------------------------------------------------------------------------------------
+def _flag(flags: list[str], name: str) -> str:
+    return flags[flags.index(name) + 1]
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(","))
+
+
+@pytest.mark.parametrize("name", TRANSDUCERS)
+def test_converter_infers_the_training_flags(fixtures_dir, name):
+    import json
+
+    from oasr_models_icefall.transducer.convert import IcefallTransducerConverter
+
+    root = release_dir(fixtures_dir, name)
+    args = json.loads((root / "ref" / "model_args.json").read_text())
+    flags = args["flags"]
+    converted = IcefallTransducerConverter().convert(root)
+    config = converted.model_config
+    assert converted.architecture == "transducer"
+    assert config.vocab_size == args["vocab_size"] and config.blank_id == args["blank_id"]
+    assert config.decoder.context_size == args["context_size"]
+    assert config.decoder.decoder_dim == int(_flag(flags, "--decoder-dim"))
+    assert config.joiner.joiner_dim == int(_flag(flags, "--joiner-dim"))
+    assert config.joiner.encoder_dim == max(_ints(_flag(flags, "--encoder-dim")))
+    assert config.encoder.encoder_dim == _ints(_flag(flags, "--encoder-dim"))
+    assert config.encoder.num_encoder_layers == _ints(_flag(flags, "--num-encoder-layers"))
+    assert config.encoder.causal == ("--causal" in flags and _flag(flags, "--causal") == "1")
+    defaults = converted.decoding
+    assert defaults.decode_type == "transducer" and defaults.blank_id == 0
+    # icefall's decode.py never hands <unk> to its searches (they fall back to the blank id)
+    assert "unk_id" not in defaults.options
+    assert defaults.options["max_symbols"] == 1 and defaults.options["beam_size"] == 4
+    assert converted.tokenizer.kind == "sentencepiece" and {0, 1, 2} <= set(converted.tokenizer.special_ids)
+    assert converted.features.snip_edges is False and converted.features.high_freq == -400.0
+
+
+def test_transducer_releases_are_loaded_explicitly(fixtures_dir, tmp_path):
+    import warnings
+
+    import oasr
+    from oasr.models.registry import detect_architecture
+    from oasr_models_icefall.transducer.convert import IcefallTransducerConverter
+
+    root = release_dir(fixtures_dir, "zipformer_transducer")
+    assert IcefallTransducerConverter().detect(root) is False
+    assert detect_architecture(root) != "transducer"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # simple_am_proj / simple_lm_proj are dropped silently
+        loaded = oasr.load_pretrained(root, architecture="transducer")
+    assert sorted({k.split(".")[0] for k in loaded.load_report.dropped}) == ["simple_am_proj", "simple_lm_proj"]
+    assert loaded.model.capabilities == frozenset({"transducer"})
+
+
+def _copy_release(root, dst, state: dict[str, torch.Tensor]):
+    import shutil
+
+    shutil.copytree(root / "data", dst / "data")
+    (dst / "exp").mkdir()
+    torch.save({"model": state}, dst / "exp" / "pretrained.pt")
+    return dst
+
+
+def test_a_hybrid_checkpoint_names_the_unused_ctc_head(fixtures_dir, tmp_path):
+    import oasr
+
+    root = release_dir(fixtures_dir, "zipformer_transducer")
+    state = _state(fixtures_dir, "zipformer_transducer")
+    state["ctc_output.1.weight"] = torch.zeros(500, 64)
+    state["ctc_output.1.bias"] = torch.zeros(500)
+    with pytest.warns(RuntimeWarning, match=r"'ctc_output\.'.*CTC head"):
+        oasr.load_pretrained(_copy_release(root, tmp_path, state), architecture="transducer")
+
+
+def test_a_ctc_checkpoint_is_refused_as_a_transducer(fixtures_dir):
+    import oasr
+    from oasr.errors import CheckpointFormatError
+
+    with pytest.raises(CheckpointFormatError, match=r"not an icefall transducer.*decoder\.embedding\.weight.*CTC head"):
+        oasr.load_pretrained(release_dir(fixtures_dir, "zipformer_ctc"), architecture="transducer")
+
+
+def test_inconsistent_decoder_shapes_are_refused(fixtures_dir, tmp_path):
+    import oasr
+    from oasr.errors import CheckpointFormatError
+
+    state = _state(fixtures_dir, "zipformer_transducer")
+    state["decoder.embedding.weight"] = torch.zeros(500, 40)
+    with pytest.raises(CheckpointFormatError, match=r"decoder\.conv\.weight.*decoder dim 40"):
+        oasr.load_pretrained(_copy_release(release_dir(fixtures_dir, "zipformer_transducer"), tmp_path, state),
+                             architecture="transducer")
+
+
+# -- end to end from audio, through the engine -----------------------------------------------------
+def engine_config(fixtures_dir, name: str, **overrides):
+    from oasr.engine import EngineConfig
+
+    # the causal fixtures were trained and referenced with a 64-frame left context (releases: 128)
+    options = {"left_context_frames": 64} if "causal" in name else {}
+    return EngineConfig(model=str(release_dir(fixtures_dir, name)), architecture="transducer",
+                        model_options=options, **overrides)
+
+
+@pytest.fixture(scope="module", params=TRANSDUCERS)
+def engine(request, fixtures_dir):
+    from oasr.engine import Engine
+
+    return request.param, Engine(engine_config(fixtures_dir, request.param, max_batch_size=1))
+
+
+def _audio(fixtures_dir, clip: str):
+    import soundfile as sf
+
+    from .conftest import clip_path
+
+    samples, rate = sf.read(clip_path(fixtures_dir, clip), dtype="float32")
+    assert rate == 16000
+    return samples
+
+
+def test_engine_greedy_and_beam_from_audio_match_icefall(fixtures_dir, engine):
+    from oasr.engine import DecodingOptions
+
+    name, eng = engine
+    assert eng.decode_method == "transducer"
+    ref = refs(fixtures_dir, name)
+    for clip in CLIPS:
+        audio = _audio(fixtures_dir, clip)
+        greedy = eng.transcribe_outputs(audio, sample_rate=16000)
+        assert greedy.finish_reason == "stop" and greedy.tokens == ref[clip]["greedy_search_batch_hyp"].tolist()
+        assert greedy.text and greedy.confidence is not None
+        beam = eng.transcribe_outputs(audio, sample_rate=16000, decoding=DecodingOptions(beam_size=4, n_best=2))
+        assert beam.tokens == ref[clip]["modified_beam_search_4_hyp"].tolist()
+        assert beam.nbest and len(beam.nbest) == 2 and beam.nbest[0] == beam.text
+
+
+@pytest.mark.parametrize("name", TRANSDUCERS)
+def test_engine_max_symbols_three_matches_icefall(fixtures_dir, name):
+    from oasr.engine import Engine
+
+    eng = Engine(engine_config(fixtures_dir, name, decode_options={"max_symbols": 3}))
+    res = _results(fixtures_dir, name)
+    for clip in CLIPS:
+        assert eng.transcribe_outputs(_audio(fixtures_dir, clip), sample_rate=16000).tokens == \
+            res[clip]["greedy_search_max_sym3"]
+
+
+@pytest.mark.parametrize("name", TRANSDUCERS)
+def test_engine_batch_of_two_equals_the_batched_reference(fixtures_dir, name):
+    """icefall pads a batch's features with log(1e-10), which reaches a shorter row's encoder output
+    (results.json records by how much): the batched engine equals a batched reference, clip1 (the
+    longest, unpadded) equals its single reference."""
+    from oasr.decoding.transducer import transducer_greedy_search, transducer_modified_beam_search
+    from oasr.engine import DecodingOptions, Engine
+
+    from .conftest import results
+
+    ref = refs(fixtures_dir, name)
+    eng = Engine(engine_config(fixtures_dir, name, max_batch_size=2, schedule_policy="fcfs"))
+    model = eng.model
+    feats = torch.nn.utils.rnn.pad_sequence([ref[c]["fbank"] for c in CLIPS], batch_first=True)
+    lens = torch.tensor([ref[c]["fbank"].shape[0] for c in CLIPS])
+    with torch.no_grad():
+        hidden, hidden_lens = model.encode_offline(feats, lens)
+        enc = model.joiner.project_encoder(hidden)
+        want_greedy = [h.tokens for h in transducer_greedy_search(model.predictor, model.joiner, enc, hidden_lens,
+                                                                  blank_id=0)]
+        want_beam = [n[0].tokens for n in transducer_modified_beam_search(model.predictor, model.joiner, enc,
+                                                                          hidden_lens, blank_id=0, beam_size=4)]
+    recorded = results(fixtures_dir, name)["batch2_encoder_max_abs_diff_vs_single"]
+    for b, clip in enumerate(CLIPS):
+        single = ref[clip]["encoder_out"]
+        diff = float((hidden[b, : single.shape[0]] - single).abs().max())
+        assert diff == pytest.approx(recorded[clip], abs=1e-3), clip
+    assert want_greedy[1] == ref["clip1"]["greedy_search_batch_hyp"].tolist()
+    assert want_beam[1] == ref["clip1"]["modified_beam_search_4_hyp"].tolist()
+    audio = [_audio(fixtures_dir, clip) for clip in CLIPS]
+    greedy = eng.transcribe_outputs(audio, sample_rate=16000)
+    assert eng.metrics_snapshot()["max_batch_size"] == 2
+    assert [o.tokens for o in greedy] == want_greedy
+    beam = eng.transcribe_outputs(audio, sample_rate=16000, decoding=DecodingOptions(beam_size=4))
+    assert [o.tokens for o in beam] == want_beam
