@@ -116,7 +116,7 @@ def test_geometry_and_declarations():
     assert FeatureConfig(use_energy=True).feature_dim == 81
     assert FeatureConfig(feature_type="kaldi_fbank").fixed_window_seconds is None
     assert build_extractor(FeatureConfig()).framing == StreamingFraming(span=400, hop=160)
-    assert build_extractor(FeatureConfig(snip_edges=False)).framing is None
+    assert build_extractor(FeatureConfig(snip_edges=False)).framing == StreamingFraming(span=400, hop=160, mirror=120)
     assert build_extractor(FeatureConfig(feature_type="nemotron_logmel")).framing == StreamingFraming(
         span=512, hop=160, history=1, prefill=257, postfill=96)
     assert not build_extractor(FeatureConfig(feature_type="whisper_logmel")).supports_streaming

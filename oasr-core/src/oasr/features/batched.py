@@ -6,14 +6,16 @@ bit-identical output.  Every Kaldi option runs on the batched path (all five win
 either way, ``dither``, ``use_energy``).
 
 Streaming: ``snip_edges=True`` framing is its own streaming grid (frames restart at buffer position 0,
-no history, no prefill), so no incremental variant is needed; ``snip_edges=False`` reflects the
-signal at both ends and cannot stream.
+no history, no prefill); ``snip_edges=False`` reflects the signal at both ends, which the streaming
+extractor reproduces by writing the mirrored samples into the buffer (``StreamingFraming.mirror``)
+and framing it with the ``snip_edges=True`` variant (:func:`buffer_fbank` / :func:`buffer_mfcc`).
 """
 
 from __future__ import annotations
 
 import threading
 
+import attrs
 import torch
 
 from oasr.features.config import FeatureConfig
@@ -68,10 +70,22 @@ def batched_mfcc(padded: torch.Tensor, lengths: torch.Tensor, config: FeatureCon
     return kaldi_module(config, padded.device)(padded, lengths)
 
 
-def kaldi_framing(config: FeatureConfig) -> StreamingFraming | None:
-    """``snip_edges`` framing streams as is; reflected edges need the whole signal."""
+def buffer_fbank(padded: torch.Tensor, lengths: torch.Tensor, config: FeatureConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`batched_fbank` framing the buffer as given (``snip_edges=True``): the streaming variant,
+    whose buffer already holds a ``snip_edges=False`` stream's mirrored samples."""
+    return batched_fbank(padded, lengths, attrs.evolve(config, snip_edges=True))
+
+
+def buffer_mfcc(padded: torch.Tensor, lengths: torch.Tensor, config: FeatureConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`batched_mfcc` framing the buffer as given (see :func:`buffer_fbank`)."""
+    return batched_mfcc(padded, lengths, attrs.evolve(config, snip_edges=True))
+
+
+def kaldi_framing(config: FeatureConfig) -> StreamingFraming:
+    """``snip_edges`` framing streams as is; reflected edges stream with the mirrored samples in the buffer."""
     if not config.snip_edges:
-        return None
+        return StreamingFraming(span=config.frame_length, hop=config.frame_shift,
+                                mirror=config.frame_length // 2 - config.frame_shift // 2)
     return StreamingFraming(span=config.frame_length, hop=config.frame_shift)
 
 

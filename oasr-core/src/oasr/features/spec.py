@@ -26,6 +26,11 @@ class StreamingFraming:
     exactly when the per-sample transform reaches backwards, e.g. pre-emphasis).  ``prefill``: zeros
     the buffer starts with (what an offline pass implicitly starts with, history included).
     ``postfill``: zeros appended at the end of a stream so that its last frames are the offline ones.
+    ``mirror``: Kaldi's ``snip_edges=False`` grid, whose frame ``j`` starts ``mirror`` samples before
+    ``j * hop`` and reads the signal mirrored at both ends (``x[-1 - k] = x[k]``): the buffer starts
+    with the stream's first ``mirror`` samples reversed once they have arrived (no frame is ready
+    before), a flush mirrors the stream's end, and a stream has ``(N + hop // 2) // hop`` frames in
+    all.  ``mirror`` excludes ``history``, ``prefill`` and ``postfill``.
 
     Frame ``j`` of a stream reads buffer samples ``[history + j * hop, history + j * hop + span)``.
     """
@@ -35,10 +40,17 @@ class StreamingFraming:
     history: int = 0
     prefill: int = 0
     postfill: int = 0
+    mirror: int = 0
 
     def __attrs_post_init__(self) -> None:
-        if self.span < 1 or self.hop < 1 or min(self.history, self.prefill, self.postfill) < 0:
+        if self.span < 1 or self.hop < 1 or min(self.history, self.prefill, self.postfill, self.mirror) < 0:
             raise ValueError(f"invalid StreamingFraming {self}: span and hop must be positive, the rest >= 0")
+        if self.mirror and (self.history or self.prefill or self.postfill):
+            raise ValueError(f"invalid StreamingFraming {self}: mirror excludes history, prefill and postfill")
+
+    def total_frames(self, num_samples: int) -> int:
+        """Frames of a whole ``mirror`` stream of ``num_samples`` samples (Kaldi's snip_edges=False count)."""
+        return (num_samples + self.hop // 2) // self.hop
 
     def frames_in(self, num_samples: int) -> int:
         """Complete frames in a buffer of ``num_samples`` samples (history included)."""

@@ -5,13 +5,14 @@ Each slot holds a sample buffer that starts with the framing's ``prefill`` zeros
 for all slots of the call in one batched extractor call — and returned, and the consumed samples are
 dropped (the buffer keeps ``history`` samples of context before the next frame).  ``flush`` appends the
 framing's ``postfill`` zeros (as zeros after any per-sample transform: the extractor sees them as past
-the valid length), returns the last frames and resets the slot for its next stream.
+the valid length), returns the last frames and resets the slot for its next stream.  A ``mirror``
+framing (Kaldi ``snip_edges=False``) writes the stream's mirrored first samples into the buffer once
+they have arrived and mirrors its end at the flush, which emits the rest of Kaldi's frame count.
 
 Everything comes from the extractor's declared :class:`~oasr.features.StreamingFraming`, so for every
 chunking of a signal the frames equal the offline features of the whole signal exactly (the built-in
 extractors compute a frame identically wherever it falls in a batch).  A frontend without framing
-(``whisper_logmel``, Kaldi with ``snip_edges=False``), LFR and per-utterance normalization are refused
-at construction.
+(``whisper_logmel``), LFR and per-utterance normalization are refused at construction.
 """
 
 from __future__ import annotations
@@ -51,10 +52,13 @@ class BatchedStreamingFeatureExtractor:
         self.framing = extractor.framing
         self._extractor = extractor
         self._fn = extractor.streaming_fn or extractor.fn
+        self._offline_fn = extractor.fn
         self.feature_dim = extractor.feature_dim
         self._buffers: list[torch.Tensor] = [self._fresh_buffer() for _ in range(batch_size)]
         self._frames_emitted = [0] * batch_size
         self._samples_seen = [0] * batch_size
+        #: mirror framing: the slot's buffer starts with its mirrored first samples
+        self._mirrored = [False] * batch_size
 
     # --- slots ---------------------------------------------------------------------------------
     def _fresh_buffer(self) -> torch.Tensor:
@@ -66,6 +70,7 @@ class BatchedStreamingFeatureExtractor:
             self._buffers[slot] = self._fresh_buffer()
             self._frames_emitted[slot] = 0
             self._samples_seen[slot] = 0
+            self._mirrored[slot] = False
 
     def frames_emitted(self, slot: int) -> int:
         return self._frames_emitted[slot]
@@ -102,6 +107,10 @@ class BatchedStreamingFeatureExtractor:
                 chunk = chunk * self.config.audio_scale
             self._buffers[slot] = torch.cat([self._buffers[slot], chunk])
             self._samples_seen[slot] += chunk.numel()
+            mirror = self.framing.mirror
+            if mirror and not self._mirrored[slot] and self._buffers[slot].numel() >= mirror:
+                self._buffers[slot] = torch.cat([self._buffers[slot][:mirror].flip(0), self._buffers[slot]])
+                self._mirrored[slot] = True
         frames = self._emit(slot_list, postfill=False)
         return frames[0] if single else frames
 
@@ -109,15 +118,49 @@ class BatchedStreamingFeatureExtractor:
         """End the given slots' streams: return their remaining frames and reset the slots."""
         single = isinstance(slots, (int, np.integer))
         slot_list = self._slots(slots)
-        frames = self._emit(slot_list, postfill=True)
+        frames = self._flush_mirrored(slot_list) if self.framing.mirror else self._emit(slot_list, postfill=True)
         self.reset(slot_list)
         return frames[0] if single else frames
 
-    def _emit(self, slots: list[int], *, postfill: bool) -> list[torch.Tensor]:
+    def _flush_mirrored(self, slots: list[int]) -> list[torch.Tensor]:
+        """The last frames of ``mirror`` streams: the buffer's end mirrored up to the last frame of
+        Kaldi's count (a stream shorter than the mirror is framed whole by the offline function)."""
+        framing = self.framing
+        results = [torch.zeros(0, self.feature_dim, device=self.device) for _ in slots]
+        needs = []
+        for i, slot in enumerate(slots):
+            total = framing.total_frames(self._samples_seen[slot])
+            need = total - self._frames_emitted[slot]
+            needs.append(need)
+            buffer = self._buffers[slot]
+            if need <= 0:
+                continue
+            if not self._mirrored[slot]:
+                feats, counts = self._offline_fn(buffer[None], torch.tensor([buffer.numel()]), self.config)
+                results[i] = normalize_features(feats, counts, self.config)[0, :need]
+                needs[i] = 0
+                continue
+            # signal samples past the end that the last frame reads, mirrored from the buffer's end
+            tail = (total - 1) * framing.hop - framing.mirror + framing.span - self._samples_seen[slot]
+            if tail > buffer.numel():
+                raise RuntimeError(f"mirror framing {framing} lost samples its last frame reads")
+            if tail > 0:
+                self._buffers[slot] = torch.cat([buffer, buffer[buffer.numel() - tail:].flip(0)])
+        todo = [i for i, n in enumerate(needs) if n > 0]
+        if todo:
+            emitted = self._emit([slots[i] for i in todo], postfill=False, limits=[needs[i] for i in todo])
+            for i, frames in zip(todo, emitted, strict=True):
+                results[i] = frames
+        return results
+
+    def _emit(self, slots: list[int], *, postfill: bool, limits: list[int] | None = None) -> list[torch.Tensor]:
         framing = self.framing
         tail = framing.postfill if postfill else 0
         valid = [self._buffers[s].numel() for s in slots]
-        ready = [framing.frames_in(n + tail) for n in valid]
+        ready = [framing.frames_in(n + tail) if self._mirrored[s] or not framing.mirror else 0
+                 for s, n in zip(slots, valid, strict=True)]
+        if limits is not None:
+            ready = [min(n, limit) for n, limit in zip(ready, limits, strict=True)]
         results = [torch.zeros(0, self.feature_dim, device=self.device) for _ in slots]
         todo = [i for i, n in enumerate(ready) if n > 0]
         if todo:
