@@ -238,3 +238,22 @@ def test_oasr_transcribe_cli(fixtures_dir, engines):
                            "-f", "text", "--no-progress"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert expected and done.stdout.strip() == expected
+
+
+def test_native_bundle_round_trip(fixtures_dir, tmp_path):
+    """``oasr convert`` of a causal release: the bundle reloads with the same config (release decode
+    geometry included) and the same encoder output, every tensor mapped."""
+    from oasr.checkpoints.convert import convert
+
+    directory = release_dir(fixtures_dir, "zipformer_ctc_causal")
+    convert(str(directory), tmp_path / "bundle")
+    loaded = oasr.load_pretrained(tmp_path / "bundle")
+    assert loaded.architecture == "zipformer"
+    assert loaded.config == oasr.load_pretrained(directory).config
+    assert list(loaded.load_report.missing) == [] and list(loaded.load_report.dropped) == []
+    model = loaded.model.eval()
+    model.configure(type(model.options)(left_context_frames=zh.FIXTURE_LEFT_CONTEXT))
+    ref = refs(fixtures_dir, "zipformer_ctc_causal")["clip0"]
+    with torch.no_grad():
+        hidden, _ = model.encode_offline(ref["fbank"][None], torch.tensor([ref["fbank"].shape[0]]))
+    assert zh.rel_err(hidden[0], ref["encoder_out"]) < PARITY

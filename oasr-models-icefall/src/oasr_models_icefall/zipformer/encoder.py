@@ -18,6 +18,7 @@ from torch import nn
 
 from oasr import layers
 from oasr.models import BaseEncoder
+from oasr_models_icefall.release import LOG_EPS
 from oasr_models_icefall.zipformer.config import ZipformerEncoderConfig
 from oasr_models_icefall.zipformer.scaling import (
     ActivationDropoutAndLinear,
@@ -377,8 +378,6 @@ class ZipformerEncoderModel(ZipformerStreaming, BaseEncoder):
                 stack_outputs: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T, F), (B,) → (B, T', D), (B,).  ``chunk_size`` / ``left_context_frames`` (embed
         frames) override the config's chunk mask geometry of a causal model; -1 turns it off."""
-        from oasr_models_icefall.release import LOG_EPS
-
         pad = make_pad_mask(feat_lens, feats.shape[1])
         feats = feats.masked_fill(pad.unsqueeze(-1), LOG_EPS)
         x, x_lens = self.encoder_embed(feats, feat_lens)
