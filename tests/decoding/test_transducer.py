@@ -438,8 +438,12 @@ def test_checkpoint_defaults_stand_in_for_unset_engine_options():
 
 def test_beam_is_refused_for_a_recurrent_predictor_at_construction_and_admission():
     model = ToyTransducerModel(ToyTransducerConfig(recurrent=True))
-    with pytest.raises(ConfigError, match="label_window_state is False"):
+    with pytest.raises(ConfigError, match="search='modified_beam' is refused: .*label_window_state is False"):
         strategy_for(model, TransducerOptions(search="modified_beam"))
+    with pytest.raises(ConfigError, match="beam_size=4 is refused: .*label_window_state is False") as err:
+        strategy_for(model, TransducerOptions(beam_size=4))
+    assert err.value.key == "beam_size"
+    strategy_for(model, defaults=DecodingDefaults(decode_type="transducer", blank_id=0, options={"beam_size": 4}))
     strategy = strategy_for(model)
     strategy.validate(DecodingOptions(beam_size=1))
     with pytest.raises(RequestError, match="label-window state") as err:
@@ -448,6 +452,9 @@ def test_beam_is_refused_for_a_recurrent_predictor_at_construction_and_admission
     with pytest.raises(RequestError, match="recurrent state") as err:
         strategy.validate(DecodingOptions(hotwords=("bd",)))
     assert err.value.param == "hotwords"
+    with pytest.raises(RequestError, match="recurrent state") as err:
+        strategy.validate(DecodingOptions(n_best=2, beam_size=None))
+    assert err.value.param == "n_best"
     with pytest.raises(ConfigError, match="label-window predictor state"):
         BeamRows(model.predictor, model.joiner, 1, "cpu", blank_id=0)
 

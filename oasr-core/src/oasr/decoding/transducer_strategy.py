@@ -56,15 +56,17 @@ class TransducerDecodeStrategy(DecodeStrategy):
 
     def __init__(self, ctx: DecodeContext, options: Any = None):
         super().__init__(ctx, options)
+        explicit_beam = self.options.beam_size
         self.options = self._resolve(self.options, dict(ctx.decoding_defaults.options or {}))
         self.predictor = ctx.model.predictor
         self.joiner = ctx.model.joiner
         unk = ctx.decoding_defaults.options.get("unk_id") if ctx.decoding_defaults.options else None
         self.unk_id = None if unk is None else int(unk)
-        if self.options.search == "modified_beam":
-            reason = self._beam_refusal()
-            if reason:
-                raise ConfigError(f"decode option search='modified_beam' is refused: {reason}", key="search")
+        asked = ("search", "search='modified_beam'") if self.options.search == "modified_beam" else (
+            ("beam_size", f"beam_size={explicit_beam}") if explicit_beam is not None and explicit_beam > 1 else None)
+        reason = self._beam_refusal() if asked else None
+        if reason:
+            raise ConfigError(f"decode option {asked[1]} is refused: {reason}", key=asked[0])
 
     @staticmethod
     def _resolve(options: TransducerOptions, checkpoint: dict[str, Any]) -> TransducerOptions:
@@ -103,7 +105,8 @@ class TransducerDecodeStrategy(DecodeStrategy):
         if self._beam(options):
             reason = self._beam_refusal()
             if reason:
-                param = "hotwords" if options.hotwords and not (options.beam_size or 1) > 1 else "beam_size"
+                param = ("beam_size" if (options.beam_size or 1) > 1 else "n_best" if options.n_best > 1
+                         else "hotwords" if options.hotwords else "beam_size")
                 raise RequestError(f"beam search (beam_size > 1, n_best > 1 or hotwords) is refused: {reason}",
                                    request_id=request_id, param=param)
         if options.hotwords:
