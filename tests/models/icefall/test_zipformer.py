@@ -257,3 +257,16 @@ def test_native_bundle_round_trip(fixtures_dir, tmp_path):
     with torch.no_grad():
         hidden, _ = model.encode_offline(ref["fbank"][None], torch.tensor([ref["fbank"].shape[0]]))
     assert zh.rel_err(hidden[0], ref["encoder_out"]) < PARITY
+
+
+def test_audio_too_short_for_one_frame_decodes_to_nothing(fixtures_dir, engines):
+    """50 ms is 5 feature frames, fewer than encoder_embed's convolutions take: an empty transcript,
+    alone and beside a normal clip (which is unaffected), not an error."""
+    engine = engines["zipformer_ctc"]
+    short = zh.wave(clip_path(fixtures_dir, "clip1"))[:800].numpy()
+    clip0 = zh.wave(clip_path(fixtures_dir, "clip0")).numpy()
+    alone = engine.transcribe_outputs(short)
+    assert alone.error is None and alone.tokens == []
+    together = engine.transcribe_outputs([short, clip0])
+    assert [o.error for o in together] == [None, None] and together[0].tokens == []
+    assert together[1].tokens == results(fixtures_dir, "zipformer_ctc")["clips"]["clip0"]["ctc_greedy"]

@@ -33,6 +33,8 @@ from oasr_models_icefall.zipformer.scaling import (
 from oasr_models_icefall.zipformer.streaming import ZipformerStreaming  # slot/stateful streaming (zipformer-streaming)
 from oasr_models_icefall.zipformer.subsampling import Conv2dSubsampling
 
+#: the fewest feature frames encoder_embed's convolutions accept ((T - 7) // 2 = 1 embed frame)
+MIN_FEATURE_FRAMES = 9
 #: icefall fills masked attention scores with this (not -inf)
 MASKED_SCORE = -1000.0
 
@@ -378,9 +380,12 @@ class ZipformerEncoderModel(ZipformerStreaming, BaseEncoder):
                 stack_outputs: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T, F), (B,) → (B, T', D), (B,).  ``chunk_size`` / ``left_context_frames`` (embed
         frames) override the config's chunk mask geometry of a causal model; -1 turns it off."""
+        if feats.shape[1] < MIN_FEATURE_FRAMES:  # too short for one output frame: every row decodes to nothing
+            feats = nn.functional.pad(feats, (0, 0, 0, MIN_FEATURE_FRAMES - feats.shape[1]))
         pad = make_pad_mask(feat_lens, feats.shape[1])
         feats = feats.masked_fill(pad.unsqueeze(-1), LOG_EPS)
         x, x_lens = self.encoder_embed(feats, feat_lens)
+        x_lens = x_lens.clamp(min=0)
         src_key_padding_mask = make_pad_mask(x_lens, x.shape[1])
         out, lens = self.encoder(x.permute(1, 0, 2), x_lens, src_key_padding_mask, chunk_size=chunk_size,
                                  left_context_frames=left_context_frames, stack_outputs=stack_outputs)
