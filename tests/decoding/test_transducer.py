@@ -371,6 +371,56 @@ def test_tdt_greedy_advances_by_the_argmax_duration():
     assert hyp.tokens == [3, 5, 5, 1, 4] and hyp.token_frames == [0, 3, 3, 4, 7]
 
 
+def oracle_tdt(pred, joiner, hidden, durations, max_sym, blank=0):
+    """NeMo's TDT greedy for one utterance, as a plain loop: token argmax and duration argmax per joint;
+    a blank's duration 0 counts as 1; the max_sym-th label at one frame forces a step of 1."""
+    window = [-1, blank]
+    dec = pred.decoder_out(torch.tensor([window]))
+    tokens, frames, gap = [], [], math.inf
+    t, sym, vocab = 0, 0, joiner.out.out_features - len(durations)
+    while t < hidden.shape[0]:
+        logits = joiner.logits(hidden[t], dec)
+        for part in (logits[:vocab], logits[vocab:]):
+            top = torch.topk(part, 2).values
+            gap = min(gap, float(top[0] - top[1]))
+        y, d = int(logits[:vocab].argmax()), durations[int(logits[vocab:].argmax())]
+        if y == blank:
+            t, sym = t + max(d, 1), 0
+            continue
+        tokens.append(y)
+        frames.append(t)
+        window = (window + [y])[-2:]
+        dec = pred.decoder_out(torch.tensor([window]))
+        sym += 1
+        if d == 0 and sym >= max_sym:
+            d = 1
+        if d > 0:
+            t, sym = t + d, 0
+    return tokens, frames, gap
+
+
+@pytest.mark.parametrize("max_symbols", [1, 2])
+def test_tdt_greedy_equals_a_plain_nemo_style_loop_and_batched_equals_alone(max_symbols):
+    durations, lengths = (0, 1, 2, 3), [40, 25, 33, 3]
+    pred, joiner = toy(seed=8, durations=durations, blank_bias=-1.0)
+    with torch.no_grad():
+        joiner.out.weight.mul_(0.3)  # seed 8 at this scale: every decision leads by > 0.3
+    hidden = frames_of(8, len(lengths), max(lengths))
+    with torch.no_grad():
+        enc = joiner.project_encoder(hidden)
+        batched = transducer_greedy_search(pred, joiner, enc, lengths, blank_id=0, max_symbols=max_symbols)
+        for b, n in enumerate(lengths):
+            tokens, frames, gap = oracle_tdt(pred, joiner, hidden[b, :n], durations, max_symbols)
+            assert gap > 1e-6
+            assert batched[b].tokens == tokens and batched[b].token_frames == frames
+            alone = transducer_greedy_search(pred, joiner, enc[b:b + 1, :n], [n], blank_id=0, max_symbols=max_symbols)
+            assert alone[0].tokens == tokens
+    jumps = [f2 - f1 for h in batched for f1, f2 in itertools.pairwise(h.token_frames)]
+    assert sum(len(h.tokens) for h in batched) >= 30 and max(jumps) >= 2  # durations skip frames
+    repeats = sum(len(h.token_frames) - len(set(h.token_frames)) for h in batched)
+    assert (repeats > 0) == (max_symbols > 1)  # duration 0 keeps the frame, up to max_symbols labels
+
+
 # -- streaming ------------------------------------------------------------------------------------------
 SPLITS = [[1] * 13, [3, 3, 3, 3, 1], [5, 8], [2, 7, 1, 3]]
 
@@ -386,14 +436,14 @@ def _stream(strategy, model, feats, lengths, options, split):
     return [s.final([], strategy.frame_seconds()) for s in searches]
 
 
-@pytest.mark.parametrize("case", ["greedy1", "greedy3", "beam", "hotwords", "tdt"])
+@pytest.mark.parametrize("case", ["greedy1", "greedy3", "lstm", "beam", "hotwords", "tdt"])
 def test_streaming_in_chunks_equals_offline(case):
     if case == "tdt":
         model = ScriptedModel(durations=(0, 1, 2, 3))
         feats = torch.stack([scripted_rows(TDT_ROWS + TDT_ROWS[:4], 7, (0, 1, 2, 3))] * 2)
         lengths = [13, 9]
     else:
-        model = ToyTransducerModel(ToyTransducerConfig(feat_dim=6, vocab=7)).double()
+        model = ToyTransducerModel(ToyTransducerConfig(feat_dim=6, vocab=7, recurrent=case == "lstm")).double()
         with torch.no_grad():
             model.joiner.out.bias[0] += 1.0
         feats = frames_of(7, 3, 13)
