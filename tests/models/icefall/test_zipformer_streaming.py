@@ -265,3 +265,61 @@ def test_sixteen_interleaved_streams_equal_each_alone_with_a_constant_pool(fixtu
         assert mine.shape == theirs.shape
         assert rel(mine, theirs) < 1e-5
         assert finals[f"s{i}"].tokens == out.tokens and len(out.tokens) > 5
+
+
+def greedy_path_noise(model, ours: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """Along icefall's greedy path over ``ref``: the largest joiner log-prob difference between the two
+    encoder outputs and the smallest top-2 lead of ``ref``'s log-probs."""
+    predictor, joiner = model.predictor, model.joiner
+    enc_ours, enc_ref = joiner.project_encoder(ours), joiner.project_encoder(ref)
+    state = predictor.init_state(1, ref.device)
+    noise, lead = 0.0, math.inf
+    for t in range(ref.shape[0]):
+        pred = joiner.project_predictor(predictor.predict(state))
+        theirs = joiner.joint(enc_ref[t:t + 1], pred).log_softmax(-1)
+        noise = max(noise, float((joiner.joint(enc_ours[t:t + 1], pred).log_softmax(-1) - theirs).abs().max()))
+        top = theirs.topk(2, dim=-1).values[0]
+        lead = min(lead, float(top[0] - top[1]))
+        token = int(theirs.argmax(-1))
+        if token != predictor.blank_id:
+            state = predictor.advance(state, torch.tensor([token]), torch.tensor([True]))
+    return noise, lead
+
+
+@pytest.mark.parametrize("search", ["greedy", "modified_beam_search_4"])
+def test_streaming_transducer_hypotheses_equal_icefalls_stream(fixtures_dir, fixture_refs, search):
+    """icefall's streaming greedy search / modified beam search 4 (``decode_one_chunk``): the stream search
+    fed icefall's own streamed encoder output chunk by chunk, and the public streaming engine from audio.
+
+    From audio the encoder output differs by float noise: greedy's every step leads by more than ten
+    times the joiner log-prob difference; the beam's best hypothesis leads the rest of its 4-best (length
+    normalized as icefall picks it) by more than twice the most that difference can move a score."""
+    name = "zipformer_transducer_causal"
+    key = "stream.greedy_search_hyp" if search == "greedy" else "stream.modified_beam_search_4_hyp"
+    beam = search != "greedy"
+    engine = streaming_engine(fixtures_dir, name)
+    model = engine.model
+    seen = record_hidden(engine)
+    waves = [read_clip(fixtures_dir, clip) for clip in CLIPS]
+    outputs = engine.transcribe_outputs(waves, streaming=True, decoding=DecodingOptions(beam_size=4 if beam else 1))
+    for out, clip in zip(outputs, CLIPS, strict=True):
+        ref = fixture_refs[name][clip]
+        expected, encoder_out = ref[key].tolist(), ref["stream.encoder_out"]
+        exact = engine.strategy.stream_search(DecodingOptions(beam_size=4, n_best=4) if beam else DecodingOptions())
+        with torch.inference_mode():
+            for start in range(0, encoder_out.shape[0], CHUNK // 2):
+                exact.advance(encoder_out[start: start + CHUNK // 2])
+            hyp = exact.final([], engine._streaming.frame_seconds)
+            noise, lead = greedy_path_noise(model, torch.cat(seen[out.request_id]), encoder_out)
+        assert hyp.tokens == expected and len(expected) > 30
+        assert noise < 1e-3
+        if beam:
+            context = model.predictor.context_size
+            bound = (encoder_out.shape[0] + max(len(h.tokens) for h in hyp.nbest)) * noise
+            best = hyp.nbest[0]
+            for other in hyp.nbest[1:]:
+                gap = best.score / (len(best.tokens) + context) - other.score / (len(other.tokens) + context)
+                assert gap > 2 * (bound / (len(best.tokens) + context) + bound / (len(other.tokens) + context))
+        else:
+            assert lead > 10 * noise
+        assert out.error is None and out.tokens == expected
