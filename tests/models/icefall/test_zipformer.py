@@ -16,7 +16,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 import oasr
 from oasr.engine import DecodingOptions, Engine, EngineConfig
-from oasr.errors import CheckpointFormatError
+from oasr.errors import CheckpointFormatError, ConfigError
 from oasr.features import FeatureConfig, extract_features_batch
 from oasr_models_icefall import release
 from oasr_models_icefall.zipformer.config import RELEASE_CHUNK_SIZE, RELEASE_LEFT_CONTEXT_FRAMES
@@ -270,3 +270,26 @@ def test_audio_too_short_for_one_frame_decodes_to_nothing(fixtures_dir, engines)
     together = engine.transcribe_outputs([short, clip0])
     assert [o.error for o in together] == [None, None] and together[0].tokens == []
     assert together[1].tokens == results(fixtures_dir, "zipformer_ctc")["clips"]["clip0"]["ctc_greedy"]
+
+
+@pytest.mark.parametrize("name,options,key", [
+    ("zipformer_ctc", {"chunk_size": 16}, "chunk_size"),
+    ("zipformer_ctc", {"left_context_frames": 64}, "left_context_frames"),
+    ("zipformer_ctc_causal", {"chunk_size": 12}, "chunk_size"),
+    ("zipformer_ctc_causal", {"chunk_size": 0}, "chunk_size"),
+    ("zipformer_ctc_causal", {"left_context_frames": 16}, "left_context_frames"),
+])
+def test_chunk_geometry_the_checkpoint_cannot_use_is_refused(fixtures_dir, name, options, key):
+    with pytest.raises(ConfigError, match=key) as info:
+        Engine(EngineConfig(model=str(release_dir(fixtures_dir, name)), model_options=options))
+    assert info.value.key == key
+
+
+def test_causal_release_decodes_unmasked_when_asked(fixtures_dir):
+    """``chunk_size=-1`` turns the chunk mask off: the engine's model then gives icefall's chunk -1 output."""
+    engine = Engine(EngineConfig(model=str(release_dir(fixtures_dir, "zipformer_ctc_causal")),
+                                 model_options={"chunk_size": -1}))
+    ref = refs(fixtures_dir, "zipformer_ctc_causal")["clip1"]
+    with torch.no_grad():
+        hidden, _ = engine.model.encode_offline(ref["fbank"][None], torch.tensor([ref["fbank"].shape[0]]))
+    assert zh.rel_err(hidden[0], ref["encoder_out_chunk-1"]) < PARITY

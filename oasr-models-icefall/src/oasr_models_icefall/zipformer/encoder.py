@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from oasr import layers
+from oasr.errors import ConfigError
 from oasr.models import BaseEncoder
 from oasr_models_icefall.release import LOG_EPS
 from oasr_models_icefall.zipformer.config import ZipformerEncoderConfig
@@ -306,6 +307,31 @@ class Zipformer2(nn.Module):
             return -1, -1
         left = self.config.left_context_frames if left_context_frames is None else left_context_frames
         return chunk, (max(left // chunk, 1) if left >= 0 else -1)
+
+    def check_chunk_geometry(self, chunk_size: int | None, left_context_frames: int | None) -> None:
+        """Refuse an offline chunk-mask geometry icefall refuses (or that this checkpoint cannot use),
+        with a :class:`ConfigError` naming the option."""
+        if not self.causal:
+            for key, value in (("chunk_size", chunk_size), ("left_context_frames", left_context_frames)):
+                if value not in (None, -1):
+                    raise ConfigError(f"{key}={value}: this Zipformer is not causal (its convolutions see the "
+                                      f"whole utterance), so it has no chunk mask to configure", key=key)
+            return
+        chunk, left_chunks = self.chunk_info(chunk_size, left_context_frames)
+        if chunk_size is not None and chunk_size <= 0 and chunk_size != -1:
+            raise ConfigError(f"chunk_size must be positive or -1 (no chunk mask), got {chunk_size}", key="chunk_size")
+        if chunk <= 0:
+            return
+        bad = [d for d in self.downsampling_factor if chunk % d]
+        if bad:
+            raise ConfigError(f"chunk_size={chunk} must be a multiple of every stack's downsampling factor "
+                              f"{self.downsampling_factor}", key="chunk_size")
+        if left_chunks >= 0:
+            need = max((k // 2) * d for k, d in zip(self.cnn_module_kernel, self.downsampling_factor, strict=True))
+            if chunk * left_chunks < need:
+                raise ConfigError(f"left_context_frames: a left context of {chunk * left_chunks} frames (chunk "
+                                  f"{chunk} x {left_chunks} chunks) is shorter than the convolutions' reach of "
+                                  f"{need} frames", key="left_context_frames")
 
     def get_attn_mask(self, seq_len: int, chunk_size: int, left_context_chunks: int,
                       device: torch.device) -> torch.Tensor | None:

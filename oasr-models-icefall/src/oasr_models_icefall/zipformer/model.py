@@ -48,6 +48,11 @@ class ZipformerCtcModel(BaseAsrModel):
     def capabilities(self) -> frozenset[str]:
         return frozenset({"ctc"})
 
+    def configure(self, options: ZipformerOptions) -> None:
+        """Apply the options, refusing a chunk geometry this checkpoint cannot decode with."""
+        self.encoder.encoder.check_chunk_geometry(options.chunk_size, options.left_context_frames)
+        super().configure(options)
+
     def encode_offline(self, feats: torch.Tensor, feat_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.encoder(feats, feat_lens, chunk_size=self.options.chunk_size,
                             left_context_frames=self.options.left_context_frames)
