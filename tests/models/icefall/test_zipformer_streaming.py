@@ -92,6 +92,19 @@ def test_geometry_kind_and_state_specs(encoders):
             encoder.prepare_streaming(chunk, left)
 
 
+def test_the_engine_defaults_to_the_release_geometry(fixtures_dir):
+    """EngineConfig's defaults (chunk_size 16, num_left_chunks -1) are icefall's release geometry."""
+    engine = Engine(EngineConfig(model=str(release_dir(fixtures_dir, "zipformer_ctc_causal")),
+                                 service_mode="streaming", max_streams=3))
+    states = engine._streaming.backend.states
+    assert states["layer0.cached_key"].shape == (128, 3, 32)
+    assert states["processed_lens"].shape == (3,) and states["processed_lens"].dtype == torch.int64
+    assert engine._streaming.geometry.window_frames == 45 and engine._streaming.geometry.stride_frames == 32
+    with pytest.raises(CapabilityError, match="chunk_size .* multiple of 8"):
+        Engine(EngineConfig(model=str(release_dir(fixtures_dir, "zipformer_ctc_causal")), service_mode="streaming",
+                            chunk_size=12))
+
+
 def test_a_non_causal_checkpoint_is_refused_in_streaming_mode(fixtures_dir):
     path = release_dir(fixtures_dir, "zipformer_ctc")
     assert oasr.load_pretrained(path).model.encoder.streaming_kind == "none"
@@ -127,6 +140,7 @@ def test_the_slot_backend_batches_both_clips_like_icefall(fixtures_dir, fixture_
     engine = streaming_engine(fixtures_dir, name)
     backend = engine._streaming.backend
     assert isinstance(backend, SlotBackend)
+    assert backend.states["layer0.cached_key"].shape == (64, engine.config.max_streams, 32)
     streams = [SimpleNamespace(slot=slot, options=DecodingOptions()) for slot in (3, 0)]
     for stream in streams:
         backend.allocate(stream)
@@ -158,6 +172,33 @@ def test_the_stateful_backend_runs_the_same_encoder(fixtures_dir, fixture_refs):
             hidden, lengths = backend.forward([stream], window[None], torch.tensor([n]), torch.zeros(1))
             outs.append(hidden[0, : int(lengths[0])])
     assert rel(torch.cat(outs), ref["stream.encoder_out"]) < 1e-4
+
+
+def stream_stateful(encoder, fbank: torch.Tensor) -> torch.Tensor:
+    state = encoder.init_stream_state(1)
+    outs = []
+    with torch.inference_mode():
+        for window, n in icefall_windows(fbank):
+            hidden, _, state = encoder.forward_chunk_stateful(window[None], state, feat_lens=torch.tensor([n]))
+            outs.append(hidden[0])
+    return torch.cat(outs)
+
+
+def test_the_release_left_context_streams_like_the_offline_chunk_mask(encoders, fixture_refs):
+    """num_left_chunks -1 is the release geometry (left context 128 embed frames): the stream equals the
+    offline pass under icefall's chunk mask at 16 / 128 on every chunk that does not touch the end of
+    the utterance, and differs from the fixture's left 64 once the history passes 64 frames."""
+    encoder = encoders["zipformer_ctc_causal"]
+    fbank = fixture_refs["zipformer_ctc_causal"]["clip1"]["fbank"]
+    encoder.prepare_streaming(CHUNK, -1)
+    assert encoder.stream_left_context == 128
+    streamed = stream_stateful(encoder, fbank)
+    with torch.inference_mode():
+        offline, lens = encoder(fbank[None], torch.tensor([fbank.shape[0]]), chunk_size=CHUNK, left_context_frames=128)
+    whole = (int(lens[0]) // (CHUNK // 2) - 1) * (CHUNK // 2)  # the chunks before the last, short one
+    assert rel(streamed[:whole], offline[0, :whole]) < 1e-4
+    encoder.prepare_streaming(CHUNK, LEFT_CHUNKS)
+    assert rel(stream_stateful(encoder, fbank)[:whole], offline[0, :whole]) > 1e-3
 
 
 # -- the public streaming engine ---------------------------------------------------------------------------
