@@ -90,6 +90,8 @@ def test_geometry_kind_and_state_specs(encoders):
     for chunk, left in ((12, -1), (16, 0)):
         with pytest.raises(CapabilityError, match="zipformer streaming needs"):
             encoder.prepare_streaming(chunk, left)
+    with pytest.raises(CapabilityError, match="window of 40 feature frames gives 13 embed frames"):
+        encoder.forward_chunk_stateful(torch.zeros(1, 40, 80), encoder.init_stream_state(1))
 
 
 def test_the_engine_defaults_to_the_release_geometry(fixtures_dir):

@@ -161,6 +161,11 @@ def streaming_forward(encoder, feats: torch.Tensor, feat_lens: torch.Tensor, sta
     feats = feats.masked_fill(pad.unsqueeze(-1), LOG_EPS)
     x, new_embed = embed(encoder.encoder_embed, feats, states[-2])
     chunk = x.shape[1]
+    multiple = encoder._chunk_multiple()
+    if chunk <= 0 or chunk % multiple:
+        raise CapabilityError(f"a zipformer streaming window of {frames} feature frames gives {chunk} embed frames, "
+                              f"not a positive multiple of {multiple}: windows are 2 * chunk_size + 13 frames",
+                              capability="streaming")
     x_lens = torch.full((batch,), chunk, dtype=torch.long, device=feats.device)
     processed = states[-1]
     history = torch.arange(left, device=feats.device).expand(batch, left)
