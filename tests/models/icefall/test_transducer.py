@@ -225,8 +225,12 @@ def test_a_hybrid_checkpoint_names_the_unused_ctc_head(fixtures_dir, tmp_path):
     state = _state(fixtures_dir, "zipformer_transducer")
     state["ctc_output.1.weight"] = torch.zeros(500, 64)
     state["ctc_output.1.bias"] = torch.zeros(500)
+    hybrid = _copy_release(root, tmp_path, state)
     with pytest.warns(RuntimeWarning, match=r"'ctc_output\.'.*CTC head"):
-        oasr.load_pretrained(_copy_release(root, tmp_path, state), architecture="transducer")
+        oasr.load_pretrained(hybrid, architecture="transducer")
+    # what the hint says: without architecture= the same directory decodes with its CTC head
+    with pytest.warns(RuntimeWarning, match="architecture='transducer'"):
+        assert oasr.load_pretrained(hybrid).architecture == "zipformer"
 
 
 def test_a_ctc_checkpoint_is_refused_as_a_transducer(fixtures_dir):
@@ -337,3 +341,42 @@ def test_engine_batch_of_two_equals_the_batched_reference(fixtures_dir, name):
     assert [o.tokens for o in greedy] == want_greedy
     beam = eng.transcribe_outputs(audio, sample_rate=16000, decoding=DecodingOptions(beam_size=4))
     assert [o.tokens for o in beam] == want_beam
+
+
+def test_a_native_bundle_of_a_transducer_decodes_the_same(fixtures_dir, tmp_path):
+    import oasr
+    from oasr.checkpoints.native import save_native
+    from oasr.engine import DecodingOptions, Engine, EngineConfig
+
+    loaded = oasr.load_pretrained(release_dir(fixtures_dir, "zipformer_transducer"), architecture="transducer")
+    bundle = save_native(loaded, tmp_path / "bundle")
+    eng = Engine(EngineConfig(model=str(bundle)))
+    assert eng.loaded.architecture == "transducer" and eng.loaded.config == loaded.config
+    assert eng.loaded.decoding_defaults == loaded.decoding_defaults
+    ref = refs(fixtures_dir, "zipformer_transducer")
+    for clip in CLIPS:
+        audio = _audio(fixtures_dir, clip)
+        assert eng.transcribe_outputs(audio, sample_rate=16000).tokens == ref[clip]["greedy_search_batch_hyp"].tolist()
+        beam = eng.transcribe_outputs(audio, sample_rate=16000, decoding=DecodingOptions(beam_size=4))
+        assert beam.tokens == ref[clip]["modified_beam_search_4_hyp"].tolist()
+
+
+def test_word_times_are_the_emission_frames_of_icefall_hypotheses(fixtures_dir):
+    """Each word starts at its first piece's emission frame (4 feature frames = 40 ms per encoder frame)."""
+    from oasr.decoding.transducer import transducer_greedy_search
+    from oasr.engine import DecodingOptions, Engine, EngineConfig
+
+    eng = Engine(EngineConfig(model=str(release_dir(fixtures_dir, "zipformer_transducer")), architecture="transducer"))
+    decoder, joiner = predictor_and_joiner(fixtures_dir, "zipformer_transducer")
+    for clip in CLIPS:
+        ref = refs(fixtures_dir, "zipformer_transducer")[clip]
+        enc, lens = _projected(joiner, [ref["encoder_out"]])
+        with torch.no_grad():
+            hyp, = transducer_greedy_search(decoder, joiner, enc, lens, blank_id=0)
+        out = eng.transcribe_outputs(_audio(fixtures_dir, clip), sample_rate=16000,
+                                     decoding=DecodingOptions(word_timestamps=True))
+        assert out.tokens == hyp.tokens
+        emissions = {round(f * 0.04, 3) for f in hyp.token_frames}
+        assert len(out.words) > 5 and out.words[0].start == pytest.approx(hyp.token_frames[0] * 0.04)
+        assert all(round(w.start, 3) in emissions for w in out.words)
+        assert all(w.start <= w.end for w in out.words)
