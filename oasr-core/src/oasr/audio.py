@@ -296,8 +296,18 @@ def _decode(source: Any, what: str, sink: _Decoded) -> _Decoded:
             if sink.decoded:
                 raise AudioError(f"audio {what} failed while decoding ({name}: {type(exc).__name__}: {exc})",
                                  source=what) from None
-            errors.append(f"{name}: {type(exc).__name__}: {exc}" if name == "ffmpeg" else f"{name}: {exc}")
+            message = _library_message(exc, handle)
+            errors.append(f"{name}: {type(exc).__name__}: {message}" if name == "ffmpeg" else f"{name}: {message}")
     raise AudioError(f"could not decode audio {what} ({'; '.join(errors)})", source=what)
+
+
+def _library_message(exc: Exception, handle: Any) -> str:
+    """A decoder's error text without the in-memory buffer's repr (``<_io.BytesIO object at 0x…>``, shown
+    as "the input") or PyAV's placeholder name for an unnamed input (``: '<none>'``)."""
+    text = str(exc)
+    if not isinstance(handle, str):
+        text = text.replace(repr(handle), "the input")
+    return text.replace(": '<none>'", "")
 
 
 def check_plausible_rate(rate: float, what: str) -> None:

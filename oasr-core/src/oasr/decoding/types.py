@@ -29,6 +29,8 @@ class Segment:
     no_speech_prob: float | None = None
     temperature: float | None = None
     words: list[WordTiming] | None = None
+    #: the start of the window it was decoded from, in feature frames (openai-whisper's ``seek``); None: 0
+    seek: int | None = None
 
 
 @attrs.define

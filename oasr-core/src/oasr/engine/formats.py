@@ -46,14 +46,23 @@ def _timestamp(seconds: float, *, decimal: str) -> str:
     return f"{hours:02d}:{minutes:02d}:{secs:02d}{decimal}{millis:03d}"
 
 
+def _within(seconds: float, duration: float | None) -> float:
+    """A time rounded to the millisecond and never past the audio's end (a window's last timestamp
+    token can name a time beyond it)."""
+    seconds = round(seconds, 3)
+    return min(seconds, round(duration, 3)) if duration else seconds
+
+
 def segments_of(output: RequestOutput) -> list[dict[str, Any]]:
+    """OpenAI's verbose_json segments; ``seek`` is the decoding window's start in frames."""
     segments = output.segments or ([Segment(0, 0.0, output.duration or 0.0, output.text)] if output.text else [])
+    duration = output.duration
     return [
         {
             "id": s.id,
-            "seek": 0,
-            "start": round(s.start, 3),
-            "end": round(s.end, 3),
+            "seek": s.seek or 0,
+            "start": _within(s.start, duration),
+            "end": _within(s.end, duration),
             "text": s.text,
             "tokens": list(s.tokens),
             "temperature": s.temperature if s.temperature is not None else 0.0,
@@ -67,7 +76,8 @@ def segments_of(output: RequestOutput) -> list[dict[str, Any]]:
 
 def words_of(output: RequestOutput) -> list[dict[str, Any]]:
     words = output.words or [w for s in (output.segments or []) for w in (s.words or [])]
-    return [{"word": w.word, "start": round(w.start, 3), "end": round(w.end, 3)} for w in words]
+    duration = output.duration
+    return [{"word": w.word, "start": _within(w.start, duration), "end": _within(w.end, duration)} for w in words]
 
 
 def verbose_json(output: RequestOutput, *, task: str = "transcribe", include_words: bool = True,

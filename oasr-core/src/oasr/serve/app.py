@@ -154,8 +154,11 @@ class ServerState:
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in self.model_names:
+            names = " ".join(self.model_names)
             raise ApiError(404, f"the model {model!r} does not exist on this server; it serves: "
-                                f"{', '.join(self.model_names)}", param="model", code="model_not_found")
+                                f"{', '.join(self.model_names)}. To accept {model!r} too (OpenAI's examples send "
+                                f"model=whisper-1), start it with --served-model-name {names} {model}",
+                           param="model", code="model_not_found")
 
     async def read_upload(self, request: Request, task: str) -> AudioRequest:
         """The request's form, within the upload bound and the body deadline (429 / 408 / 413 / 400)."""
@@ -246,17 +249,26 @@ def _outcome_error(output: RequestOutput) -> ApiError | None:
     return None
 
 
+def usage_of(output: RequestOutput) -> dict[str, Any]:
+    """OpenAI's usage object of a transcription billed by audio duration (its ``UsageDuration``)."""
+    return {"type": "duration", "seconds": round(output.duration or 0.0, 3)}
+
+
 def _render(output: RequestOutput, req: AudioRequest) -> Response:
+    """The response body; a transcription's JSON formats carry ``usage`` (OpenAI's translation
+    objects have none)."""
     if req.response_format == "verbose_json":
         body = verbose_json(output, task=req.task, include_words="word" in req.granularities,
                             include_segments=not req.granularities or "segment" in req.granularities)
         if not body["language"] and req.language:
             body["language"] = req.language
+        if req.task == "transcribe":
+            body["usage"] = usage_of(output)
         return JSONResponse(body)
-    text = render(output, req.response_format, task=req.task)
     if req.response_format == "json":
-        return Response(text, media_type="application/json")
-    return PlainTextResponse(text)
+        body = {"text": output.text, **({"usage": usage_of(output)} if req.task == "transcribe" else {})}
+        return JSONResponse(body)
+    return PlainTextResponse(render(output, req.response_format, task=req.task))
 
 
 def _timeout_error(timeout: float) -> ApiError:

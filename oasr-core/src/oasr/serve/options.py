@@ -29,9 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--port", type=int, default=8000)
     server.add_argument("--api-key", default=os.environ.get("OASR_API_KEY"),
                         help="require 'Authorization: Bearer KEY' on /v1/* (default: $OASR_API_KEY; none: open)")
-    server.add_argument("--served-model-name", action="append", default=None, metavar="NAME",
-                        help="name clients pass as 'model' (repeat for aliases; default: the --model id, or a "
-                             "local directory's name); any other name gets 404")
+    server.add_argument("--served-model-name", action="extend", nargs="+", default=None, metavar="NAME",
+                        help="names clients may pass as 'model', the first listed by /v1/models (several, as "
+                             "vLLM's flag: e.g. --served-model-name tiny.en whisper-1 for OpenAI's examples; "
+                             "default: the --model id, or a local directory's name); any other name gets 404")
     server.add_argument("--max-upload-mb", type=float, default=25.0, help="largest audio upload (default: 25, as OpenAI)")
     add_engine_flags(server, SERVER_ENGINE_FIELDS)
     server.add_argument("--max-concurrency", type=int, default=64,

@@ -338,6 +338,7 @@ class Transcriber:
         gen = self.gen
         tokens = result.tokens
         ts_begin = gen.timestamp_begin
+        window_seek = req.seek
         time_offset = req.seek * HOP_LENGTH / SAMPLE_RATE
         is_ts = [t >= ts_begin for t in tokens]
         single_ending = is_ts[-2:] == [False, True]
@@ -366,7 +367,7 @@ class Transcriber:
         ratio = compression_ratio(self.tokenizer.decode(result.tokens).strip())
         segments = [Segment(id=0, start=start, end=end, text=self.tokenizer.decode([t for t in part if t < gen.eot_id]),
                             tokens=list(part), avg_logprob=result.avg_logprob, compression_ratio=ratio,
-                            no_speech_prob=result.no_speech_prob, temperature=result.temperature)
+                            no_speech_prob=result.no_speech_prob, temperature=result.temperature, seek=window_seek)
                     for start, end, part in pieces]
         return segments, single_ending
 
