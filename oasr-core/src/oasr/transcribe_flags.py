@@ -117,6 +117,8 @@ FLAGS: tuple[Flag, ...] = (
          "longer than this (seconds) around a possible hallucination", non_negative_float, metavar="SECONDS"),
     Flag("hotwords", "hotwords", "a word or phrase to bias decoding towards (repeatable; families with "
          "contextual biasing)", str, metavar="TEXT"),
+    Flag("batched", "batched", "batched long-form, as faster-whisper's BatchedInferencePipeline: VAD speech in "
+         "chunks of up to 30 s, each decoded on its own, --batch-size at a time (Whisper)", boolean=True),
 )
 
 #: (openai-whisper CLI, faster-whisper transcribe(), oasr flag or None, note) — every option of both
@@ -168,6 +170,8 @@ REFERENCE_OPTIONS: tuple[tuple[str | None, str | None, str | None, str], ...] = 
     (None, "hotwords", "--hotwords", ""),
     (None, "multilingual", None, "not served: language is detected once per file"),
     (None, "vad_filter / vad_parameters", None, "not served yet by oasr transcribe"),
+    (None, "BatchedInferencePipeline(model).transcribe(batch_size=N)", "--batched", "with --batch-size N (default "
+     "16; faster-whisper's 8): the chunks decoded together"),
     (None, "chunk_length", None, "not served: Whisper's window is the model's 30 s"),
     (None, "language_detection_threshold", None, "not served: the first window decides the language"),
     (None, "language_detection_segments", None, "not served: the first window decides the language"),
@@ -181,8 +185,9 @@ def add_flags(group: argparse._ArgumentGroup) -> None:
         if flag.boolean:
             group.add_argument(f"--{flag.name}", dest=flag.field, default=None, action=argparse.BooleanOptionalAction,
                                help=flag.help + default_text)
-            group.add_argument(f"--{flag.name.replace('-', '_')}", dest=flag.field, type=str2bool, default=None,
-                               metavar="BOOL", help=argparse.SUPPRESS)
+            if "-" in flag.name:
+                group.add_argument(f"--{flag.name.replace('-', '_')}", dest=flag.field, type=str2bool, default=None,
+                                   metavar="BOOL", help=argparse.SUPPRESS)
             continue
         kwargs: dict[str, Any] = {"dest": flag.field, "default": None, "type": flag.type, "metavar": flag.metavar}
         if flag.field == "hotwords":

@@ -183,3 +183,20 @@ def test_no_speech_gives_an_empty_transcript_with_the_silence_reported(engine):
     audio = (0.002 * np.random.default_rng(0).standard_normal(16000 * 40)).astype(np.float32)
     out = engine.transcribe_outputs(audio, decoding=DecodingOptions(batched=True))
     assert out.finish_reason == "stop" and out.text == "" and out.silences == [(0.0, 40.0)]
+
+
+def test_transcribe_cli_batched(tiny_en_dir, pipeline, recording, tmp_path, capsys):
+    import json
+
+    import soundfile as sf
+
+    from oasr.cli import main
+
+    wav = tmp_path / "speech.wav"
+    sf.write(wav, recording.audio, 16000, subtype="FLOAT")
+    assert main(["transcribe", str(wav), "--model", str(tiny_en_dir), "--batched", "--batch-size", "4",
+                 "--threads", "1", "-f", "verbose_json", "--no-progress"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    expected, _ = reference(pipeline, sf.read(wav, dtype="float32")[0])
+    assert body["text"] == "".join(s.text for s in expected).strip()
+    assert [s["text"] for s in body["segments"]] == [s.text.strip() for s in expected]
