@@ -293,3 +293,25 @@ def test_causal_release_decodes_unmasked_when_asked(fixtures_dir):
     with torch.no_grad():
         hidden, _ = engine.model.encode_offline(ref["fbank"][None], torch.tensor([ref["fbank"].shape[0]]))
     assert zh.rel_err(hidden[0], ref["encoder_out_chunk-1"]) < PARITY
+
+
+@pytest.mark.parametrize("name", CTC)
+def test_prefix_beam_nbest_token_ids_and_scores(fixtures_dir, engines, name):
+    """The engine's own CTC strategy on features from the wav: icefall's beam-4 n-best, token ids in
+    order, scores to float32 noise (each clip alone, as the reference ran)."""
+    from oasr.decoding.strategy import DecodeBatch
+
+    engine = engines[name]
+    config = FeatureConfig.from_spec(release.feature_spec())
+    for clip in CLIPS:
+        samples = zh.wave(clip_path(fixtures_dir, clip))
+        feats, lens = extract_features_batch([samples], config)
+        batch = DecodeBatch(request_ids=[clip], options=[DecodingOptions(beam_size=4, n_best=4)], waveforms=[samples],
+                            feats=feats, feat_lens=lens)
+        (hyp,) = engine.strategy.decode(batch)
+        expected = results(fixtures_dir, name)["clips"][clip]["ctc_prefix_beam_nbest"]
+        assert [h.tokens for h in hyp.nbest] == [e["ys"] for e in expected], clip
+        noise = max(abs(h.score - e["log_prob"]) for h, e in zip(hyp.nbest, expected, strict=True))
+        assert noise < 1e-3, clip
+        gaps = [a["log_prob"] - b["log_prob"] for a, b in zip(expected, expected[1:], strict=False)]
+        assert min(gaps) > 2 * noise, (gaps, noise)  # the order does not hinge on the float noise
