@@ -79,16 +79,6 @@ def infer_config(state: dict[str, torch.Tensor], path: Path) -> ConformerCtcConf
         subsampling_channels=channels)
 
 
-def _peek_keys(file: Path) -> set[str]:
-    """The state-dict keys of a weights file, read lazily (memory-mapped; no tensor data copied)."""
-    try:
-        obj = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # not a plain-tensor file: not ours to claim (the loader explains why later)
-        return set()
-    model = obj.get("model") if isinstance(obj, dict) else None
-    return set(model) if isinstance(model, dict) else set()
-
-
 class IcefallConformerCtcConverter(CheckpointConverter):
     """icefall ``conformer_ctc3`` releases (``exp/*.pt`` + ``data/lang_bpe_*``) → ``icefall_conformer``."""
 
@@ -103,11 +93,7 @@ class IcefallConformerCtcConverter(CheckpointConverter):
         path = Path(path)
         if not release.is_release_dir(path):
             return False
-        try:
-            file = release.checkpoint_file(path, self.checkpoint_name)
-        except CheckpointFormatError:
-            return False
-        keys = _peek_keys(file)
+        keys = release.checkpoint_keys(path, self.checkpoint_name)
         return CTC_WEIGHT in keys and any(LAYER_MARKER.match(k) for k in keys)
 
     def load_state_dict(self, path: Path) -> dict[str, torch.Tensor]:
