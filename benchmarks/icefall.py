@@ -1,0 +1,480 @@
+"""A streaming Zipformer transducer: OASR vs the same network exported to ONNX and run by onnxruntime.
+
+The network is icefall's streaming Zipformer "small" (6 stacks of 2 layers, dims 192/256 x5,
+feed-forward 512/768 x5, causal, chunk 16 / left context 128 embed frames, stateless decoder
+context 2, decoder and joiner 512, 500 BPE pieces) with random weights; the joiner's blank bias is
+set so that ~85 % of frames are blank, as for a trained model (a random head would emit almost
+every frame and overstate decoding cost).
+
+The peer is what sherpa-onnx runs: the torch module exported with ``torch.onnx.export`` the way
+icefall's ``export-onnx-streaming.py`` does (encoder with every cache tensor as an input and an
+output and the joiner's encoder projection folded in; decoder with the joiner's decoder
+projection; joiner), run by onnxruntime with one thread, features by kaldi-native-fbank (what
+sherpa-onnx computes them with) and sherpa-onnx's greedy search (one symbol per frame, the decoder
+re-run only for rows that emitted).
+
+Measured, one intra-op thread each, in the same process run:
+
+* offline: audio seconds decoded per wall second — OASR's offline engine (whole-utterance chunk-masked
+  encoder + transducer greedy) and the ONNX network decoding each utterance chunk by chunk (what
+  sherpa-onnx does with a streaming model on a file);
+* streaming: N concurrent streams, one 320 ms chunk (16 embed frames = 2 x 16 feature frames) each
+  per step, all ready streams in one batched forward: p50 / p95 step latency.  N streams run in real
+  time when the p95 stays under the 320 ms chunk; rows for the OASR engine (features + slot backend +
+  stream search), for the torch network alone in the same loop as onnxruntime (where the time goes),
+  and for onnxruntime.
+
+    python benchmarks/icefall.py [--streams 1,2,4,8,16] [--seconds 16] [--utts 4] [--skip-onnx]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine, synth  # noqa: E402
+
+CHUNK = 16                      # embed frames per chunk (icefall's --chunk-size)
+LEFT = 128                      # left context, embed frames (icefall's --left-context-frames)
+STRIDE = 2 * CHUNK              # feature frames per chunk
+WINDOW = STRIDE + 13            # feature frames per window
+CHUNK_SECONDS = STRIDE * 0.01
+VOCAB = 500
+BLANK, UNK = 0, 2
+BLANK_SHARE = 0.85
+ENCODER_PROJ_GAIN = 8.0
+REPO = Path(__file__).resolve().parents[1]
+BPE = REPO.parent / "shared" / "fixtures" / "zipformer_transducer" / "data" / "lang_bpe_500" / "bpe.model"
+
+
+# -- the network ----------------------------------------------------------------------------------------
+def small_config():
+    """icefall's streaming Zipformer "small" (egs/librispeech/ASR/zipformer RESULTS, causal)."""
+    from oasr_models_icefall.transducer.config import JoinerConfig, StatelessDecoderConfig, TransducerModelConfig
+    from oasr_models_icefall.zipformer.config import ZipformerEncoderConfig
+
+    encoder = ZipformerEncoderConfig(
+        num_encoder_layers=(2, 2, 2, 2, 2, 2), feedforward_dim=(512, 768, 768, 768, 768, 768),
+        encoder_dim=(192, 256, 256, 256, 256, 256), causal=True, chunk_size=CHUNK, left_context_frames=LEFT)
+    return TransducerModelConfig(
+        vocab_size=VOCAB, encoder=encoder,
+        decoder=StatelessDecoderConfig(vocab_size=VOCAB, decoder_dim=512, blank_id=BLANK, context_size=2),
+        joiner=JoinerConfig(encoder_dim=encoder.output_size, decoder_dim=512, joiner_dim=512, vocab_size=VOCAB))
+
+
+def build_model(seed: int = 0):
+    from oasr_models_icefall.transducer.model import TransducerModel
+
+    torch.manual_seed(seed)
+    model = TransducerModel(small_config()).eval()
+    with torch.no_grad():  # random encoder frames are alike: widen their joiner input so labels vary
+        model.joiner.encoder_proj.weight.mul_(ENCODER_PROJ_GAIN)
+    calibrate_blank(model)
+    return model
+
+
+def calibrate_blank(model) -> None:
+    """Raise the joiner's blank bias until BLANK_SHARE of the (frame, label context) pairs of some audio
+    pick blank."""
+    from oasr.features import FeatureConfig, extract_features_batch
+    from oasr_models_icefall import release
+
+    feats, lens = extract_features_batch([torch.from_numpy(synth(8.0, seed=99))],
+                                         FeatureConfig.from_spec(release.feature_spec()))
+    generator = torch.Generator().manual_seed(0)
+    contexts = torch.cat([model.predictor.init_state(1),
+                          torch.randint(3, VOCAB, (31, 2), generator=generator)])  # after various labels
+    with torch.no_grad():
+        hidden, _ = model.encode_offline(feats, lens)
+        pred = model.predictor.predict(contexts)
+        logits = model.joiner(hidden[0][:, None], pred[None])  # (frames, contexts, V)
+        margin = (logits.max(dim=-1).values - logits[..., BLANK]).flatten()
+        model.joiner.output_linear.bias[BLANK] += float(torch.quantile(margin, BLANK_SHARE)) + 1e-3
+
+
+def save_bundle(model, path: Path) -> Path:
+    from oasr.checkpoints.loaded import LoadedModel
+    from oasr.checkpoints.native import save_native
+    from oasr.models import DecodingDefaults, LoadReport, TokenizerSpec
+    from oasr_models_icefall import release
+
+    if not BPE.is_file():
+        raise SystemExit(f"the BPE model of the icefall fixtures is missing: {BPE}")
+    loaded = LoadedModel(
+        model=model, architecture="transducer", config=model.config,
+        tokenizer_spec=TokenizerSpec(kind="sentencepiece", files={"model": str(BPE)}, special_ids=(0, 1, 2)),
+        feature_spec=release.feature_spec(),
+        decoding_defaults=DecodingDefaults(decode_type="transducer", blank_id=BLANK,
+                                           options={"unk_id": UNK, "max_symbols": 1, "beam_size": 4}),
+        load_report=LoadReport(), source=path, tokenizer_root=path)
+    return save_native(loaded, path, overwrite=True)
+
+
+# -- ONNX export (icefall's export-onnx-streaming.py layout) --------------------------------------------
+class OnnxEncoder(torch.nn.Module):
+    """One chunk: (x (N, WINDOW, 80), *caches) → (projected encoder out (N, CHUNK/2, J), *new caches)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.encoder, self.proj = model.encoder, model.joiner.encoder_proj
+
+    def forward(self, x, *states):
+        from oasr_models_icefall.zipformer.streaming import streaming_forward
+
+        lens = torch.full_like(x[:, 0, 0], x.shape[1], dtype=torch.int64)
+        hidden, _, new = streaming_forward(self.encoder, x, lens, list(states), LEFT)
+        return (self.proj(hidden), *new)
+
+
+class OnnxDecoder(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.decoder, self.proj = model.predictor, model.joiner.decoder_proj
+
+    def forward(self, y):
+        return self.proj(self.decoder.predict(y))
+
+
+class OnnxJoiner(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.joiner = model.joiner
+
+    def forward(self, enc, dec):
+        return self.joiner.joint(enc, dec)
+
+
+def cache_layout(model) -> list[tuple[str, int]]:
+    """(name, batch axis) of every streaming cache tensor, in the encoder's state-list order."""
+    return [(name.replace(".", "_"), axis) for name, _, axis in model.encoder._cache_shapes(LEFT)]
+
+
+def rel_shift_gather(pos_scores: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """The Zipformer's relative shift as a gather: the strided view OASR uses does not export with a
+    dynamic batch (icefall's own module switches to this form when it is traced)."""
+    time1, n = pos_scores.shape[-2], pos_scores.shape[-1]
+    keys = n - time1 + 1
+    index = (time1 - 1 - torch.arange(time1))[:, None] + torch.arange(keys)[None, :]
+    return pos_scores.gather(-1, index.expand(*pos_scores.shape[:-1], keys))
+
+
+def export_onnx(model, out: Path) -> dict[str, Path]:
+
+    from oasr_models_icefall.zipformer import encoder as zipformer_encoder
+
+    out.mkdir(parents=True, exist_ok=True)
+    layout = cache_layout(model)
+    names = [n for n, _ in layout]
+    files = {"encoder": out / "encoder.onnx", "decoder": out / "decoder.onnx", "joiner": out / "joiner.onnx"}
+    strided = zipformer_encoder.rel_shift
+    zipformer_encoder.rel_shift = rel_shift_gather
+    try:
+        _export(model, files, layout, names)
+    finally:
+        zipformer_encoder.rel_shift = strided
+    return files
+
+
+def _export(model, files: dict[str, Path], layout, names: list[str]) -> None:
+    import warnings
+
+    states = model.encoder.init_stream_state(1)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            OnnxEncoder(model).eval(), (torch.zeros(1, WINDOW, 80), *states), str(files["encoder"]),
+            input_names=["x", *names], output_names=["encoder_out", *[f"new_{n}" for n in names]],
+            dynamic_axes={"x": {0: "N"}, "encoder_out": {0: "N"},
+                          **{n: {a: "N"} for n, a in layout}, **{f"new_{n}": {a: "N"} for n, a in layout}},
+            opset_version=13, dynamo=False)
+        torch.onnx.export(OnnxDecoder(model).eval(), (torch.zeros(1, 2, dtype=torch.int64),), str(files["decoder"]),
+                          input_names=["y"], output_names=["decoder_out"],
+                          dynamic_axes={"y": {0: "N"}, "decoder_out": {0: "N"}}, opset_version=13, dynamo=False)
+        joiner_dim = model.joiner.config.joiner_dim
+        torch.onnx.export(OnnxJoiner(model).eval(), (torch.zeros(1, joiner_dim), torch.zeros(1, joiner_dim)),
+                          str(files["joiner"]), input_names=["encoder_out", "decoder_out"], output_names=["logit"],
+                          dynamic_axes={"encoder_out": {0: "N"}, "decoder_out": {0: "N"}, "logit": {0: "N"}},
+                          opset_version=13, dynamo=False)
+
+
+# -- one greedy search loop, two backends ----------------------------------------------------------------
+class OrtNet:
+    """The exported network in onnxruntime sessions (one intra-op, one inter-op thread)."""
+
+    def __init__(self, files: dict[str, Path], layout: list[tuple[str, int]], init_states):
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        opts.inter_op_num_threads = 1
+        self.sessions = {k: ort.InferenceSession(str(f), opts, providers=["CPUExecutionProvider"])
+                         for k, f in files.items()}
+        self.layout = layout
+        self.init_states = [s.numpy() for s in init_states]
+
+    def init(self):
+        return [s.copy() for s in self.init_states]
+
+    def encode(self, x: np.ndarray, states: list[np.ndarray]):
+        feeds = {"x": x, **{n: s for (n, _), s in zip(self.layout, states, strict=True)}}
+        out = self.sessions["encoder"].run(None, feeds)
+        return out[0], out[1:]
+
+    def decode(self, y: np.ndarray) -> np.ndarray:
+        return self.sessions["decoder"].run(None, {"y": y})[0]
+
+    def join(self, enc: np.ndarray, dec: np.ndarray) -> np.ndarray:
+        return self.sessions["joiner"].run(None, {"encoder_out": enc, "decoder_out": dec})[0]
+
+
+class TorchNet:
+    """The same three functions on the torch module (the OASR network without the engine around it)."""
+
+    def __init__(self, model):
+        self.enc, self.dec, self.joiner = OnnxEncoder(model), OnnxDecoder(model), OnnxJoiner(model)
+        self.model = model
+
+    def init(self):
+        return [s.numpy() for s in self.model.encoder.init_stream_state(1)]
+
+    @torch.no_grad()
+    def encode(self, x, states):
+        out = self.enc(torch.from_numpy(x), *[torch.from_numpy(s) for s in states])
+        return out[0].numpy(), [t.numpy() for t in out[1:]]
+
+    @torch.no_grad()
+    def decode(self, y):
+        return self.dec(torch.from_numpy(y)).numpy()
+
+    @torch.no_grad()
+    def join(self, enc, dec):
+        return self.joiner(torch.from_numpy(enc), torch.from_numpy(dec)).numpy()
+
+
+def stack(states: list[list[np.ndarray]], layout) -> list[np.ndarray]:
+    return [np.concatenate([s[i] for s in states], axis=axis) for i, (_, axis) in enumerate(layout)]
+
+
+def unstack(states: list[np.ndarray], layout, n: int) -> list[list[np.ndarray]]:
+    parts = [np.split(s, n, axis=axis) for s, (_, axis) in zip(states, layout, strict=True)]
+    return [[p[row] for p in parts] for row in range(n)]
+
+
+class Stream:
+    """One stream's features (kaldi-native-fbank, as sherpa-onnx), caches and greedy hypothesis."""
+
+    def __init__(self, net, layout):
+        import kaldi_native_fbank as knf
+
+        opts = knf.FbankOptions()
+        opts.frame_opts.dither = 0.0
+        opts.frame_opts.snip_edges = False
+        opts.mel_opts.num_bins = 80
+        opts.mel_opts.high_freq = -400
+        self.fbank = knf.OnlineFbank(opts)
+        self.states = net.init()
+        self.start = 0
+        self.context = np.array([[-1, BLANK]], dtype=np.int64)
+        self.tokens: list[int] = []
+        self.dec_out: np.ndarray | None = None
+
+    def window(self) -> np.ndarray | None:
+        if self.fbank.num_frames_ready < self.start + WINDOW:
+            return None
+        frames = np.stack([self.fbank.get_frame(i) for i in range(self.start, self.start + WINDOW)])
+        self.start += STRIDE
+        return frames.astype(np.float32)
+
+
+def step(net, streams: list[Stream], layout) -> int:
+    """One batched chunk over every stream with a full window; sherpa-onnx's greedy search."""
+    ready = [(s, w) for s in streams if (w := s.window()) is not None]
+    if not ready:
+        return 0
+    rows = [s for s, _ in ready]
+    enc, new = net.encode(np.stack([w for _, w in ready]), stack([s.states for s in rows], layout))
+    for s, st in zip(rows, unstack(new, layout, len(rows)), strict=True):
+        s.states = st
+    contexts = np.concatenate([s.context for s in rows])
+    dec = net.decode(contexts)
+    for t in range(enc.shape[1]):
+        logits = net.join(enc[:, t], dec)
+        best = logits.argmax(axis=-1)
+        emitted = [i for i, y in enumerate(best) if y not in (BLANK, UNK)]
+        for i in emitted:
+            rows[i].tokens.append(int(best[i]))
+            contexts[i] = (contexts[i, 1], best[i])
+        if emitted:
+            dec = net.decode(contexts)
+    for i, s in enumerate(rows):
+        s.context = contexts[i : i + 1]
+    return len(rows)
+
+
+def stream_loop(net, layout, audio: list[np.ndarray]) -> tuple[list[float], float, list[Stream]]:
+    """Feed every stream one chunk of audio, then one batched step; (step latencies, compute, streams)."""
+    streams = [Stream(net, layout) for _ in audio]
+    piece = int(CHUNK_SECONDS * 16000)
+    latencies, compute = [], 0.0
+    for pos in range(0, max(a.size for a in audio), piece):
+        t0 = time.perf_counter()
+        for s, a in zip(streams, audio, strict=True):
+            if pos < a.size:
+                s.fbank.accept_waveform(16000, a[pos : pos + piece])
+        if step(net, streams, layout):
+            latencies.append(time.perf_counter() - t0)
+        compute += time.perf_counter() - t0
+    return latencies, compute, streams
+
+
+# -- the OASR engine -------------------------------------------------------------------------------------
+def engine_offline(bundle: Path, audio: list[np.ndarray]) -> float:
+    from oasr.engine import Engine, EngineConfig
+
+    engine = Engine(EngineConfig(model=str(bundle), max_batch_size=1))
+    engine.transcribe_outputs(audio[0][:32000])  # warm up
+    t0 = time.perf_counter()
+    outputs = engine.transcribe_outputs(list(audio))
+    elapsed = time.perf_counter() - t0
+    assert all(o.error is None for o in outputs), [o.error for o in outputs]
+    return elapsed
+
+
+def engine_streams(bundle: Path, audio: list[np.ndarray]) -> tuple[list[float], float]:
+    from oasr.engine import Engine, EngineConfig
+
+    seconds = max(a.size for a in audio) / 16000
+    engine = Engine(EngineConfig(model=str(bundle), service_mode="streaming", chunk_size=CHUNK,
+                                 num_left_chunks=LEFT // CHUNK, max_streams=len(audio),
+                                 max_stream_seconds=seconds + 5))
+    piece = int(CHUNK_SECONDS * 16000)
+    for i in range(len(audio)):
+        engine.add_streaming_request(request_id=f"s{i}")
+    latencies, compute, pos = [], 0.0, 0
+    while engine.has_unfinished_requests():
+        last = pos + piece >= audio[0].size
+        t0 = time.perf_counter()
+        for i, a in enumerate(audio):
+            if pos < a.size:
+                engine.feed_chunk(f"s{i}", a[pos : pos + piece], is_last=last)
+        pos += piece
+        batches = engine.metrics.batches
+        engine.step()
+        dt = time.perf_counter() - t0
+        compute += dt
+        if engine.metrics.batches > batches and not last:
+            latencies.append(dt)
+    return latencies, compute
+
+
+def summary(latencies: list[float], compute: float, seconds: float) -> tuple[str, bool]:
+    lat = np.array(latencies[1:] or latencies)  # the first step includes warm-up allocations
+    p50, p95 = np.percentile(lat, 50), np.percentile(lat, 95)
+    ok = "yes" if p95 < CHUNK_SECONDS else "no"
+    return f"{p50 * 1000:>8.1f} {p95 * 1000:>8.1f} {compute / seconds:>6.3f} {ok:>9}", p95 < CHUNK_SECONDS
+
+
+def parity(torch_net: TorchNet, ort_net: OrtNet, layout) -> str:
+    """The exported graph computes what the module computes: encoder outputs over 8 s of chunks and
+    the greedy tokens of both loops."""
+    audio = [synth(8.0, seed=7)]
+    feats = Stream(torch_net, layout)
+    feats.fbank.accept_waveform(16000, audio[0])
+    states = {"torch": torch_net.init(), "ort": ort_net.init()}
+    worst = 0.0
+    while (window := feats.window()) is not None:
+        out_t, states["torch"] = torch_net.encode(window[None], states["torch"])
+        out_o, states["ort"] = ort_net.encode(window[None], states["ort"])
+        worst = max(worst, float(np.abs(out_t - out_o).max() / np.abs(out_t).max()))
+    tokens = [stream_loop(net, layout, audio)[2][0].tokens for net in (torch_net, ort_net)]
+    same = "identical" if tokens[0] == tokens[1] else "DIFFERENT"
+    return (f"parity on 8 s: encoder outputs torch vs onnxruntime within {worst:.1e} rel, greedy tokens {same} "
+            f"({len(tokens[0])} tokens)")
+
+
+def op_counts(model, encoder_file: Path) -> str:
+    """Operators per encoder chunk: eager torch's dispatched aten ops vs the exported graph's nodes."""
+    import onnx
+    from torch.profiler import ProfilerActivity, profile
+
+    enc = OnnxEncoder(model)
+    x, states = torch.zeros(1, WINDOW, 80), model.encoder.init_stream_state(1)
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        enc(x, *states)
+    aten = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
+    nodes = len(onnx.load(str(encoder_file)).graph.node)
+    return f"operators per encoder chunk: {aten} aten ops dispatched by eager torch, {nodes} ONNX graph nodes"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--streams", default="1,2,4,8,16")
+    parser.add_argument("--seconds", type=float, default=16.0, help="audio per stream / utterance")
+    parser.add_argument("--utts", type=int, default=4, help="utterances in the offline measurement")
+    parser.add_argument("--skip-onnx", action="store_true", help="OASR rows only")
+    parser.add_argument("--work-dir", default="/tmp/oasr-bench/icefall-small")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    work = Path(args.work_dir)
+    model = build_model()
+    bundle = save_bundle(model, work / "bundle")
+    layout = cache_layout(model)
+    nets = {"torch network": TorchNet(model)}
+    if not args.skip_onnx:
+        files = export_onnx(model, work / "onnx")
+        nets["onnxruntime"] = OrtNet(files, layout, model.encoder.init_stream_state(1))
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"machine: {machine()}")
+    print(f"model: icefall streaming Zipformer 'small' transducer, {n_params / 1e6:.1f} M parameters (random, "
+          f"blank bias calibrated to {BLANK_SHARE:.0%} blank), chunk {CHUNK} / left {LEFT} embed frames ({CHUNK_SECONDS * 1000:.0f} ms "
+          f"chunks), greedy search, one thread per runtime")
+
+    if "onnxruntime" in nets:
+        print(parity(nets["torch network"], nets["onnxruntime"], layout))
+        print(op_counts(model, files["encoder"]))
+
+    utts = [synth(args.seconds, seed=100 + i) for i in range(args.utts)]
+    total = args.utts * args.seconds
+    print(f"\noffline: {args.utts} x {args.seconds:.0f} s")
+    print(f"{'runtime':>36} {'audio s / s':>12} {'RTF':>7}")
+    rate = {}
+    elapsed = engine_offline(bundle, utts)
+    rate["oasr"] = total / elapsed
+    print(f"{'OASR engine (whole-utterance encoder)':>36} {rate['oasr']:>12.1f} {elapsed / total:>7.3f}")
+    for name, net in nets.items():
+        t0 = time.perf_counter()
+        for u in utts:
+            stream_loop(net, layout, [u])
+        elapsed = time.perf_counter() - t0
+        rate[name] = total / elapsed
+        print(f"{name + ' (chunk by chunk)':>36} {rate[name]:>12.1f} {elapsed / total:>7.3f}")
+    if "onnxruntime" in rate:
+        print(f"ratio OASR engine / onnxruntime: {rate['oasr'] / rate['onnxruntime']:.2f}x audio-seconds per second")
+
+    print(f"\nstreaming: {args.seconds:.0f} s per stream, one {CHUNK_SECONDS * 1000:.0f} ms chunk per stream per step")
+    print(f"{'streams':>7} {'runtime':>14} {'p50 ms':>8} {'p95 ms':>8} {'RTF':>6} {'real time':>9}")
+    best: dict[str, int] = {}
+    for n in [int(s) for s in args.streams.split(",")]:
+        audio = [synth(args.seconds, seed=i) for i in range(n)]
+        latencies, compute = engine_streams(bundle, audio)
+        line, ok = summary(latencies, compute, args.seconds)
+        print(f"{n:>7} {'OASR engine':>14} {line}")
+        best["OASR engine"] = n if ok else best.get("OASR engine", 0)
+        for name, net in nets.items():
+            latencies, compute, _ = stream_loop(net, layout, audio)
+            line, ok = summary(latencies, compute, args.seconds)
+            print(f"{n:>7} {name:>14} {line}")
+            best[name] = n if ok else best.get(name, 0)
+    for name, count in best.items():
+        print(f"real-time streams on one core, {name}: {count} (largest tested count with p95 < "
+              f"{CHUNK_SECONDS * 1000:.0f} ms)")
+
+
+if __name__ == "__main__":
+    main()
