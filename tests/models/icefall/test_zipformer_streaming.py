@@ -366,3 +366,14 @@ def test_streaming_transducer_hypotheses_equal_icefalls_stream(fixtures_dir, fix
         else:
             assert lead > 10 * noise
         assert out.error is None and out.tokens == expected
+
+
+def test_streams_shorter_than_a_window_finish_beside_a_full_one(fixtures_dir, fixture_refs):
+    """Streams of 5 ms and 50 ms (less than one embed frame / one window of audio) end cleanly in the
+    same steps as a full clip, whose hypothesis is icefall's."""
+    engine = streaming_engine(fixtures_dir, "zipformer_transducer_causal")
+    wave = read_clip(fixtures_dir, "clip0")
+    outputs = engine.transcribe_outputs([wave[:80], wave, wave[:800]], streaming=True)
+    assert all(o.finished and o.error is None and o.finish_reason == "stop" for o in outputs)
+    expected = fixture_refs["zipformer_transducer_causal"]["clip0"]["stream.greedy_search_hyp"].tolist()
+    assert outputs[1].tokens == expected
