@@ -40,11 +40,11 @@ MIN_FEATURE_FRAMES = 9
 MASKED_SCORE = -1000.0
 
 
-def rel_shift(pos_scores: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """(H, B, T, K + 2T - 1)... → (H, B, T, T + K): row t keeps the offsets of its own keys.
+def rel_shift(pos_scores: torch.Tensor) -> torch.Tensor:
+    """Position scores per relative offset (H, B, T, K + 2T - 1) → per key (H, B, T, K + T).
 
-    ``pos_scores[..., t, j]`` scores relative offset ``(n-1)/2 - j``; key s of query t sits at
-    column ``seq_len - 1 - t + s`` (icefall's strided view; ``pos_scores`` must be contiguous).
+    Column j of ``pos_scores`` scores offset ``(n - 1) / 2 - j``; key s of query t (K cached keys
+    first) is column ``T - 1 - t + s``: icefall's strided view, so ``pos_scores`` must be contiguous.
     """
     heads, batch, time1, n = pos_scores.shape
     keys = n - time1 + 1
@@ -86,7 +86,7 @@ class RelPositionMultiheadAttentionWeights(nn.Module):
         pos = self.linear_pos(pos_emb)
         pos = pos.reshape(-1, pos.shape[1], heads, dp).permute(2, 0, 3, 1)
         pos_scores = torch.matmul(p, pos).contiguous()
-        return attn_scores + rel_shift(pos_scores, q.shape[2])
+        return attn_scores + rel_shift(pos_scores)
 
     def forward(self, x: torch.Tensor, pos_emb: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
                 attn_mask: torch.Tensor | None = None) -> torch.Tensor:
