@@ -160,6 +160,29 @@ def test_the_slot_backend_batches_both_clips_like_icefall(fixtures_dir, fixture_
         assert rel(torch.cat(outs[r]), fixture_refs[name][clip]["stream.encoder_out"]) < 1e-4
 
 
+def test_stacked_list_states_run_both_clips_as_a_batch(encoders, fixture_refs):
+    """icefall's stack_states / unstack_states: two streams' lists batched for a chunk and split back."""
+    encoder = encoders["zipformer_transducer_causal"]
+    encoder.prepare_streaming(CHUNK, LEFT_CHUNKS)
+    refs_ = [fixture_refs["zipformer_transducer_causal"][clip] for clip in CLIPS]
+    windows = [icefall_windows(r["fbank"]) for r in refs_]
+    states = [encoder.init_stream_state(1) for _ in CLIPS]
+    outs: list[list[torch.Tensor]] = [[], []]
+    with torch.inference_mode():
+        for step in range(max(len(w) for w in windows)):
+            rows = [r for r in range(2) if step < len(windows[r])]
+            batch = encoder.stack_streaming_states([states[r] for r in rows])
+            feats = torch.stack([windows[r][step][0] for r in rows])
+            lens = torch.tensor([windows[r][step][1] for r in rows])
+            hidden, _, batch = encoder.forward_chunk_stateful(feats, batch, feat_lens=lens)
+            for i, (r, state) in enumerate(zip(rows, encoder.unstack_streaming_states(batch), strict=True)):
+                states[r] = state
+                outs[r].append(hidden[i])
+    for r, ref in enumerate(refs_):
+        assert rel(torch.cat(outs[r]), ref["stream.encoder_out"]) < 1e-4
+        assert [t.shape for t in states[r]] == [t.shape for t in encoder.init_stream_state(1)]
+
+
 def test_the_stateful_backend_runs_the_same_encoder(fixtures_dir, fixture_refs):
     engine = streaming_engine(fixtures_dir, "zipformer_ctc_causal")
     backend = StatefulBackend(engine.model, max_streams=2, chunk_size=CHUNK, num_left_chunks=LEFT_CHUNKS,

@@ -286,6 +286,18 @@ class ZipformerStreaming:
             state.append(torch.zeros(shape, dtype=torch.int64 if name == "processed_lens" else dtype, device=device))
         return state
 
+    def stack_streaming_states(self, states: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+        """icefall's ``stack_states``: per-stream lists → one list of the streams as a batch."""
+        axes = [axis for _, _, axis in self._cache_shapes(self.stream_left_context)]
+        return [torch.cat(parts, dim=axis) for parts, axis in zip(zip(*states, strict=True), axes, strict=True)]
+
+    def unstack_streaming_states(self, state: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+        """icefall's ``unstack_states``: the inverse of :meth:`stack_streaming_states`."""
+        axes = [axis for _, _, axis in self._cache_shapes(self.stream_left_context)]
+        batch = state[-1].shape[0]
+        split = [t.chunk(batch, dim=axis) for t, axis in zip(state, axes, strict=True)]
+        return [[parts[b] for parts in split] for b in range(batch)]
+
     # chunk steps ----------------------------------------------------------------------------------------
     def forward_chunk_stateful(self, feats: torch.Tensor, state: list[torch.Tensor], *,
                                feat_lens: torch.Tensor | None = None,
