@@ -12,7 +12,9 @@ End of stream.  icefall pads every utterance's features with 13 + 30 LOG_EPS fra
 window while any padded frame is left, padding a short last window with LOG_EPS and counting it
 whole.  The encoder declares that tail (``streaming_tail_frames``, ``streaming_pad_value``), the
 executor appends it, and :func:`streaming_forward` refills every frame past a row's ``feat_lens``
-with LOG_EPS and counts the window whole, so the chunks equal icefall's ``decode_one_chunk`` loop.
+with LOG_EPS and counts the window whole, so the chunks equal icefall's ``decode_one_chunk`` loop
+over the stream alone.  (icefall's batched loop counts a short window's padding as invalid frames
+when a longer window shares its batch; here a stream's chunks never depend on its cohort.)
 
 State.  icefall's list (``get_init_states``): per layer ``cached_key``, ``cached_nonlin_attn``,
 ``cached_val1``, ``cached_val2``, ``cached_conv1``, ``cached_conv2``, then the embed's ConvNeXt left
