@@ -380,3 +380,16 @@ def test_word_times_are_the_emission_frames_of_icefall_hypotheses(fixtures_dir):
         assert len(out.words) > 5 and out.words[0].start == pytest.approx(hyp.token_frames[0] * 0.04)
         assert all(round(w.start, 3) in emissions for w in out.words)
         assert all(w.start <= w.end for w in out.words)
+
+
+def test_audio_too_short_for_a_frame_decodes_to_nothing_beside_a_full_row(fixtures_dir):
+    from oasr.engine import DecodingOptions, Engine
+
+    eng = Engine(engine_config(fixtures_dir, "zipformer_transducer", max_batch_size=4, schedule_policy="fcfs"))
+    ref = refs(fixtures_dir, "zipformer_transducer")["clip0"]
+    audio = _audio(fixtures_dir, "clip0")
+    for decoding, key in ((None, "greedy_search_batch_hyp"), (DecodingOptions(beam_size=4), "modified_beam_search_4_hyp")):
+        outs = eng.transcribe_outputs([audio[:80], audio, audio[:800]], sample_rate=16000, decoding=decoding)
+        assert [o.finish_reason for o in outs] == ["stop"] * 3
+        assert outs[0].tokens == outs[2].tokens == [] and outs[1].tokens == ref[key].tolist()
+    assert eng.metrics_snapshot()["max_batch_size"] == 3
