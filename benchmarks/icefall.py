@@ -8,10 +8,13 @@ every frame and overstate decoding cost).
 
 The peer is what sherpa-onnx runs: the torch module exported with ``torch.onnx.export`` the way
 icefall's ``export-onnx-streaming.py`` does (encoder with every cache tensor as an input and an
-output and the joiner's encoder projection folded in; decoder with the joiner's decoder
-projection; joiner), run by onnxruntime with one thread, features by kaldi-native-fbank (what
-sherpa-onnx computes them with) and sherpa-onnx's greedy search (one symbol per frame, the decoder
-re-run only for rows that emitted).
+output under icefall's names and metadata, the joiner's encoder projection folded in; decoder with
+the joiner's decoder projection; joiner).  Two rows run it, one thread each: sherpa-onnx's own
+``OnlineRecognizer`` on the three files, and onnxruntime sessions driven by this script's loop
+(features by kaldi-native-fbank, sherpa-onnx's greedy search: one symbol per frame, the decoder
+re-run when a row emitted) — the same loop also drives the torch module, which separates the
+network's compute from the engine around it.  The script first checks the export: encoder outputs
+chunk by chunk against the module's and the greedy tokens of all three.
 
 Measured, one intra-op thread each, in the same process run:
 
@@ -21,8 +24,7 @@ Measured, one intra-op thread each, in the same process run:
 * streaming: N concurrent streams, one 320 ms chunk (16 embed frames = 2 x 16 feature frames) each
   per step, all ready streams in one batched forward: p50 / p95 step latency.  N streams run in real
   time when the p95 stays under the 320 ms chunk; rows for the OASR engine (features + slot backend +
-  stream search), for the torch network alone in the same loop as onnxruntime (where the time goes),
-  and for onnxruntime.
+  stream search), the torch network in the script's loop, onnxruntime in the same loop, sherpa-onnx.
 
     python benchmarks/icefall.py [--streams 1,2,4,8,16] [--seconds 16] [--utts 4] [--skip-onnx]
 """
@@ -50,7 +52,8 @@ BLANK, UNK = 0, 2
 BLANK_SHARE = 0.85
 ENCODER_PROJ_GAIN = 8.0
 REPO = Path(__file__).resolve().parents[1]
-BPE = REPO.parent / "shared" / "fixtures" / "zipformer_transducer" / "data" / "lang_bpe_500" / "bpe.model"
+LANG = REPO.parent / "shared" / "fixtures" / "zipformer_transducer" / "data" / "lang_bpe_500"
+BPE, TOKENS = LANG / "bpe.model", LANG / "tokens.txt"
 
 
 # -- the network ----------------------------------------------------------------------------------------
@@ -151,11 +154,48 @@ class OnnxJoiner(torch.nn.Module):
 
 
 def cache_layout(model) -> list[tuple[str, int]]:
-    """(name, batch axis) of every streaming cache tensor, in the encoder's state-list order."""
-    return [(name.replace(".", "_"), axis) for name, _, axis in model.encoder._cache_shapes(LEFT)]
+    """(icefall's ONNX input name, batch axis) of every streaming cache tensor, in state-list order
+    (``cached_key_0`` ... ``cached_conv2_11``, ``embed_states``, ``processed_lens``)."""
+    out = []
+    for name, _, axis in model.encoder._cache_shapes(LEFT):
+        if name.startswith("layer"):
+            layer, cache = name.removeprefix("layer").split(".")
+            name = f"{cache}_{layer}"
+        else:
+            name = {"embed.cached_left_pad": "embed_states"}.get(name, name)
+        out.append((name, axis))
+    return out
 
 
-def rel_shift_gather(pos_scores: torch.Tensor, seq_len: int) -> torch.Tensor:
+def sherpa_metadata(model) -> dict[str, dict[str, str]]:
+    """The metadata sherpa-onnx reads from each file (icefall's export-onnx-streaming.py writes it)."""
+    config = model.config.encoder
+
+    def join(values) -> str:
+        return ",".join(str(v) for v in values)
+
+    encoder = {"model_type": "zipformer2", "version": "1", "model_author": "k2-fsa",
+               "comment": "streaming zipformer2", "decode_chunk_len": str(STRIDE), "T": str(WINDOW),
+               "num_encoder_layers": join(config.num_encoder_layers), "encoder_dims": join(config.encoder_dim),
+               "cnn_module_kernels": join(config.cnn_module_kernel),
+               "left_context_len": join(LEFT // d for d in config.downsampling_factor),
+               "query_head_dims": join(config.query_head_dim), "value_head_dims": join(config.value_head_dim),
+               "num_heads": join(config.num_heads)}
+    decoder = {"context_size": str(model.predictor.context_size), "vocab_size": str(VOCAB)}
+    return {"encoder": encoder, "decoder": decoder, "joiner": {"joiner_dim": str(model.joiner.config.joiner_dim)}}
+
+
+def add_metadata(file: Path, meta: dict[str, str]) -> None:
+    import onnx
+
+    graph = onnx.load(str(file))
+    for key, value in meta.items():
+        entry = graph.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.save(graph, str(file))
+
+
+def rel_shift_gather(pos_scores: torch.Tensor, *_: int) -> torch.Tensor:
     """The Zipformer's relative shift as a gather: the strided view OASR uses does not export with a
     dynamic batch (icefall's own module switches to this form when it is traced)."""
     time1, n = pos_scores.shape[-2], pos_scores.shape[-1]
@@ -178,6 +218,8 @@ def export_onnx(model, out: Path) -> dict[str, Path]:
         _export(model, files, layout, names)
     finally:
         zipformer_encoder.rel_shift = strided
+    for part, meta in sherpa_metadata(model).items():
+        add_metadata(files[part], meta)
     return files
 
 
@@ -333,6 +375,34 @@ def stream_loop(net, layout, audio: list[np.ndarray]) -> tuple[list[float], floa
     return latencies, compute, streams
 
 
+def sherpa_recognizer(files: dict[str, Path]):
+    """sherpa-onnx's OnlineRecognizer on the exported files (greedy search, one thread)."""
+    import sherpa_onnx
+
+    return sherpa_onnx.OnlineRecognizer.from_transducer(
+        tokens=str(TOKENS), encoder=str(files["encoder"]), decoder=str(files["decoder"]),
+        joiner=str(files["joiner"]), num_threads=1, sample_rate=16000, feature_dim=80,
+        decoding_method="greedy_search")
+
+
+def sherpa_loop(recognizer, audio: list[np.ndarray]) -> tuple[list[float], float, list[list[str]]]:
+    """The same feeding as :func:`stream_loop`; sherpa-onnx batches the ready streams in ``decode_streams``."""
+    streams = [recognizer.create_stream() for _ in audio]
+    piece = int(CHUNK_SECONDS * 16000)
+    latencies, compute = [], 0.0
+    for pos in range(0, max(a.size for a in audio), piece):
+        t0 = time.perf_counter()
+        for s, a in zip(streams, audio, strict=True):
+            if pos < a.size:
+                s.accept_waveform(16000, a[pos : pos + piece])
+        ready = [s for s in streams if recognizer.is_ready(s)]
+        if ready:
+            recognizer.decode_streams(ready)
+            latencies.append(time.perf_counter() - t0)
+        compute += time.perf_counter() - t0
+    return latencies, compute, [recognizer.get_result_all(s).tokens for s in streams]
+
+
 # -- the OASR engine -------------------------------------------------------------------------------------
 def engine_offline(bundle: Path, audio: list[np.ndarray]) -> float:
     from oasr.engine import Engine, EngineConfig
@@ -380,9 +450,9 @@ def summary(latencies: list[float], compute: float, seconds: float) -> tuple[str
     return f"{p50 * 1000:>8.1f} {p95 * 1000:>8.1f} {compute / seconds:>6.3f} {ok:>9}", p95 < CHUNK_SECONDS
 
 
-def parity(torch_net: TorchNet, ort_net: OrtNet, layout) -> str:
-    """The exported graph computes what the module computes: encoder outputs over 8 s of chunks and
-    the greedy tokens of both loops."""
+def parity(torch_net: TorchNet, ort_net: OrtNet, recognizer, layout) -> str:
+    """The exported graph computes what the module computes: encoder outputs over 8 s of chunks, and
+    the greedy tokens of the torch loop, the onnxruntime loop and sherpa-onnx."""
     audio = [synth(8.0, seed=7)]
     feats = Stream(torch_net, layout)
     feats.fbank.accept_waveform(16000, audio[0])
@@ -393,9 +463,14 @@ def parity(torch_net: TorchNet, ort_net: OrtNet, layout) -> str:
         out_o, states["ort"] = ort_net.encode(window[None], states["ort"])
         worst = max(worst, float(np.abs(out_t - out_o).max() / np.abs(out_t).max()))
     tokens = [stream_loop(net, layout, audio)[2][0].tokens for net in (torch_net, ort_net)]
+    pieces = {int(i): p for p, i in (line.split() for line in TOKENS.read_text(encoding="utf-8").splitlines())}
+    sherpa = sherpa_loop(recognizer, audio)[2][0]
     same = "identical" if tokens[0] == tokens[1] else "DIFFERENT"
-    return (f"parity on 8 s: encoder outputs torch vs onnxruntime within {worst:.1e} rel, greedy tokens {same} "
-            f"({len(tokens[0])} tokens)")
+    # sherpa-onnx reports each piece with its word-boundary mark as a space
+    ours = [pieces[t].replace("\u2581", " ") for t in tokens[0]]
+    same_sherpa = "identical" if ours == list(sherpa) else "DIFFERENT"
+    return (f"parity on 8 s: encoder outputs torch vs onnxruntime within {worst:.1e} rel; greedy tokens "
+            f"torch vs onnxruntime {same}, torch vs sherpa-onnx {same_sherpa} ({len(tokens[0])} tokens)")
 
 
 def op_counts(model, encoder_file: Path) -> str:
@@ -425,49 +500,47 @@ def main() -> None:
     model = build_model()
     bundle = save_bundle(model, work / "bundle")
     layout = cache_layout(model)
-    nets = {"torch network": TorchNet(model)}
+    torch_net = TorchNet(model)
+    runners = {"torch network": lambda audio: stream_loop(torch_net, layout, audio)}
     if not args.skip_onnx:
         files = export_onnx(model, work / "onnx")
-        nets["onnxruntime"] = OrtNet(files, layout, model.encoder.init_stream_state(1))
+        ort_net = OrtNet(files, layout, model.encoder.init_stream_state(1))
+        recognizer = sherpa_recognizer(files)
+        runners["onnxruntime"] = lambda audio: stream_loop(ort_net, layout, audio)
+        runners["sherpa-onnx"] = lambda audio: sherpa_loop(recognizer, audio)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"machine: {machine()}")
     print(f"model: icefall streaming Zipformer 'small' transducer, {n_params / 1e6:.1f} M parameters (random, "
-          f"blank bias calibrated to {BLANK_SHARE:.0%} blank), chunk {CHUNK} / left {LEFT} embed frames ({CHUNK_SECONDS * 1000:.0f} ms "
-          f"chunks), greedy search, one thread per runtime")
-
-    if "onnxruntime" in nets:
-        print(parity(nets["torch network"], nets["onnxruntime"], layout))
+          f"blank bias calibrated to {BLANK_SHARE:.0%} blank), chunk {CHUNK} / left {LEFT} embed frames "
+          f"({CHUNK_SECONDS * 1000:.0f} ms chunks), greedy search, one thread per runtime")
+    if not args.skip_onnx:
+        print(parity(torch_net, ort_net, recognizer, layout))
         print(op_counts(model, files["encoder"]))
 
     utts = [synth(args.seconds, seed=100 + i) for i in range(args.utts)]
     total = args.utts * args.seconds
     print(f"\noffline: {args.utts} x {args.seconds:.0f} s")
-    print(f"{'runtime':>36} {'audio s / s':>12} {'RTF':>7}")
+    print(f"{'runtime':>38} {'audio s / s':>12} {'RTF':>7}")
     rate = {}
     elapsed = engine_offline(bundle, utts)
-    rate["oasr"] = total / elapsed
-    print(f"{'OASR engine (whole-utterance encoder)':>36} {rate['oasr']:>12.1f} {elapsed / total:>7.3f}")
-    for name, net in nets.items():
-        t0 = time.perf_counter()
-        for u in utts:
-            stream_loop(net, layout, [u])
-        elapsed = time.perf_counter() - t0
+    rate["OASR engine"] = total / elapsed
+    print(f"{'OASR engine (whole-utterance encoder)':>38} {rate['OASR engine']:>12.1f} {elapsed / total:>7.3f}")
+    for name, runner in runners.items():
+        elapsed = sum(runner([u])[1] for u in utts)
         rate[name] = total / elapsed
-        print(f"{name + ' (chunk by chunk)':>36} {rate[name]:>12.1f} {elapsed / total:>7.3f}")
-    if "onnxruntime" in rate:
-        print(f"ratio OASR engine / onnxruntime: {rate['oasr'] / rate['onnxruntime']:.2f}x audio-seconds per second")
+        print(f"{name + ' (chunk by chunk)':>38} {rate[name]:>12.1f} {elapsed / total:>7.3f}")
+    for peer in ("onnxruntime", "sherpa-onnx"):
+        if peer in rate:
+            print(f"ratio OASR engine / {peer}: {rate['OASR engine'] / rate[peer]:.2f}x audio-seconds per second")
 
     print(f"\nstreaming: {args.seconds:.0f} s per stream, one {CHUNK_SECONDS * 1000:.0f} ms chunk per stream per step")
     print(f"{'streams':>7} {'runtime':>14} {'p50 ms':>8} {'p95 ms':>8} {'RTF':>6} {'real time':>9}")
     best: dict[str, int] = {}
     for n in [int(s) for s in args.streams.split(",")]:
         audio = [synth(args.seconds, seed=i) for i in range(n)]
-        latencies, compute = engine_streams(bundle, audio)
-        line, ok = summary(latencies, compute, args.seconds)
-        print(f"{n:>7} {'OASR engine':>14} {line}")
-        best["OASR engine"] = n if ok else best.get("OASR engine", 0)
-        for name, net in nets.items():
-            latencies, compute, _ = stream_loop(net, layout, audio)
+        results = {"OASR engine": engine_streams(bundle, audio)}
+        results.update({name: runner(audio)[:2] for name, runner in runners.items()})
+        for name, (latencies, compute) in results.items():
             line, ok = summary(latencies, compute, args.seconds)
             print(f"{n:>7} {name:>14} {line}")
             best[name] = n if ok else best.get(name, 0)
