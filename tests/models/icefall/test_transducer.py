@@ -393,3 +393,17 @@ def test_audio_too_short_for_a_frame_decodes_to_nothing_beside_a_full_row(fixtur
         assert [o.finish_reason for o in outs] == ["stop"] * 3
         assert outs[0].tokens == outs[2].tokens == [] and outs[1].tokens == ref[key].tolist()
     assert eng.metrics_snapshot()["max_batch_size"] == 3
+
+
+def test_int8_quantizes_the_encoder_and_keeps_the_joiner_at_full_precision(fixtures_dir):
+    from oasr import layers
+    from oasr.engine import Engine
+
+    eng = Engine(engine_config(fixtures_dir, "zipformer_transducer", quantization="int8"))
+    linears = {name: m for name, m in eng.model.named_modules() if isinstance(m, layers.Linear)}
+    joiner = [name for name in linears if name.startswith("joiner.")]
+    assert len(joiner) == 3 and all(linears[name]._int8 is None for name in joiner)
+    encoder = [name for name in linears if name.startswith("encoder.")]
+    assert encoder and all(linears[name]._int8 is not None for name in encoder)
+    out = eng.transcribe_outputs(_audio(fixtures_dir, "clip1"), sample_rate=16000)
+    assert out.finish_reason == "stop" and out.tokens

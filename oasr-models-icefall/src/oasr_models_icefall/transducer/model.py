@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from oasr.models import BaseAsrModel
+from oasr.models import BaseAsrModel, QuantLayout
 from oasr_models_icefall.transducer.config import TransducerModelConfig
 from oasr_models_icefall.transducer.decoder import StatelessDecoder
 from oasr_models_icefall.transducer.joiner import Joiner
@@ -45,6 +45,13 @@ class TransducerModel(BaseAsrModel):
     @property
     def capabilities(self) -> frozenset[str]:
         return frozenset({"transducer"})
+
+    def quantization_layout(self) -> QuantLayout:
+        """int8 goes to the encoder; the joiner stays at full precision.  It decides every emission by
+        an argmax over small logit margins: on the icefall fixtures (random weights, greedy), an int8
+        joiner kept 18 % of icefall's tokens even over an fp32 encoder, an fp32 joiner over an int8
+        encoder 72 %.  The decoder has no linears (an embedding and a grouped convolution)."""
+        return QuantLayout(keep_full_precision=("joiner",))
 
     def encode_offline(self, feats: torch.Tensor, feat_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.encoder(feats, feat_lens, chunk_size=self.options.chunk_size,
