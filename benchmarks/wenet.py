@@ -13,7 +13,14 @@ second for each, their ratio, and the machine.
 It also measures what sequence packing could buy at most: the padded batch against the same rows run
 one by one (no padding work at all).
 
-Usage: python benchmarks/wenet.py [--batches 6] [--batch-size 8] [--repeats 2] [--threads 1]
+The runtime peer (``--onnx``, on by default): the same weights exported from the WeNet-layout module to
+ONNX and run by onnxruntime — what WeNet's own runtime and sherpa-onnx users run — in fp32 and with
+onnxruntime's dynamic int8 quantization as WeNet's ``export_onnx_cpu.py`` applies it (MatMul, per-channel,
+uint8 weights), beside OASR fp32 and OASR int8 (``quantize_model_int8``).  Printed with the speeds: the
+share of CTC frames whose argmax int8 keeps from fp32, for both, on this model and on the WeNet fixture
+model over the fixture audio.
+
+Usage: python benchmarks/wenet.py [--batches 6] [--batch-size 8] [--repeats 2] [--threads 1] [--no-onnx]
 """
 
 from __future__ import annotations
@@ -228,12 +235,140 @@ def timed(fn, *args) -> float:
     return time.perf_counter() - start
 
 
+# -- the runtime peer: onnxruntime on the exported graph ------------------------------------------------
+def export_onnx(peer: PeerConformer, folder: str) -> tuple[str, str]:
+    """The peer's graph as ONNX (dynamic batch and time) and its dynamic int8 quantization."""
+    import warnings
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    fp32 = os.path.join(folder, "wenet_ctc.onnx")
+    int8 = os.path.join(folder, "wenet_ctc.int8.onnx")
+    feats, lens = torch.randn(2, 300, 80), torch.tensor([300, 240])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(peer, (feats, lens), fp32, input_names=["feats", "feats_lengths"],
+                          output_names=["ctc_log_probs", "lengths"], opset_version=17, dynamo=False,
+                          dynamic_axes={"feats": {0: "B", 1: "T"}, "feats_lengths": {0: "B"},
+                                        "ctc_log_probs": {0: "B", 1: "T_out"}, "lengths": {0: "B"}})
+        quantize_dynamic(fp32, int8, op_types_to_quantize=["MatMul"], per_channel=True, reduce_range=False,
+                         weight_type=QuantType.QUInt8)
+    return fp32, int8
+
+
+def ort_session(path: str, threads: int):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+    def run(feats: torch.Tensor, lens: torch.Tensor):
+        log_probs, out_lens = session.run(None, {"feats": feats.numpy(), "feats_lengths": lens.numpy()})
+        return torch.from_numpy(log_probs), torch.from_numpy(out_lens)
+
+    return run
+
+
+def argmax_agreement(pairs) -> float:
+    """The share of valid frames whose CTC argmax is the same in both runs of each (a, b, lengths)."""
+    same = total = 0
+    for a, b, lens in pairs:
+        for row, n in enumerate(lens.tolist()):
+            same += int((a[row, :n].argmax(-1) == b[row, :n].argmax(-1)).sum())
+            total += n
+    return same / max(total, 1)
+
+
+def fixture_agreement(threads: int) -> tuple[float, float] | None:
+    """int8 vs fp32 CTC argmax agreement of the WeNet fixture model on the fixture audio (OASR, onnxruntime)."""
+    import tempfile
+    from pathlib import Path
+
+    from oasr.audio import load
+    from oasr.checkpoints import load_pretrained
+    from oasr.features.config import FeatureConfig
+    from oasr.features.registry import build_extractor
+    from oasr.layers.quant import quantize_model_int8
+
+    root = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
+    if not (root / "wenet_u2pp" / "model").is_dir():
+        return None
+    loaded = load_pretrained(root / "wenet_u2pp" / "model")
+    config = FeatureConfig.from_spec(loaded.feature_spec)
+    extractor = build_extractor(config)
+    feats = []
+    for i in (0, 1):
+        samples = torch.from_numpy(load(str(root / "audio" / f"clip{i}.wav"), 16000)) * config.audio_scale
+        out, out_lens = extractor(samples[None], torch.tensor([samples.numel()]))
+        feats.append(out[0, : int(out_lens[0])])
+    lens = torch.tensor([f.shape[0] for f in feats])
+    batch = torch.nn.utils.rnn.pad_sequence(feats, batch_first=True)
+    model = loaded.model.eval()
+    int8 = load_pretrained(root / "wenet_u2pp" / "model").model.eval()
+    quantize_model_int8(int8)
+    peer = PeerConformer(model.config.encoder, model.config.vocab_size).eval()
+    peer.load_state_dict({k.replace("encoder.embed.out.", "encoder.embed.out.0."): v
+                          for k, v in model.state_dict().items() if k.startswith(("encoder.", "ctc."))
+                          and not k.endswith(".pe")}, strict=False)
+    with torch.inference_mode(), tempfile.TemporaryDirectory() as folder:
+        fp32_path, int8_path = export_onnx(peer, folder)
+        ours, our_lens = model.forward_offline(batch, lens)
+        ours8, _ = int8.forward_offline(batch, lens)
+        theirs, their_lens = ort_session(fp32_path, threads)(batch, lens)
+        theirs8, _ = ort_session(int8_path, threads)(batch, lens)
+    return argmax_agreement([(ours, ours8, our_lens)]), argmax_agreement([(theirs, theirs8, their_lens)])
+
+
+def onnx_section(model: ConformerModel, peer: PeerConformer, batches, audio: float, repeats: int, threads: int) -> None:
+    import tempfile
+
+    from oasr.layers.quant import quantize_model_int8
+
+    int8, _ = build()  # the same seeded weights
+    quantize_model_int8(int8)
+    with tempfile.TemporaryDirectory() as folder, torch.inference_mode():
+        fp32_path, int8_path = export_onnx(peer, folder)
+        runners = {"oasr fp32": model.forward_offline, "oasr int8": int8.forward_offline,
+                   "onnxruntime fp32": ort_session(fp32_path, threads),
+                   "onnxruntime int8": ort_session(int8_path, threads)}
+        outputs = {name: [run(*batch) for batch in batches[:2]] for name, run in runners.items()}
+        err = max((a[0][row, :n] - b[0][row, :n]).abs().max().item()
+                  for a, b in zip(outputs["oasr fp32"], outputs["onnxruntime fp32"], strict=True)
+                  for row, n in enumerate(a[1].tolist()))
+        runs: dict[str, list[list[float]]] = {name: [[] for _ in batches] for name in runners}
+        for _ in range(repeats):
+            for i, batch in enumerate(batches):
+                for name, run in runners.items():
+                    runs[name][i].append(timed(run, *batch))
+    best = {name: sum(min(ts) for ts in v) for name, v in runs.items()}
+    print(f"-- runtime peer: onnxruntime on the exported graph (max |log-prob diff| fp32 vs oasr fp32 {err:.2e})")
+    for name, seconds in best.items():
+        print(f"{name:<17}: {audio / seconds:8.1f} audio s / s  ({seconds:.2f} s)")
+    print(f"ratio fp32 (oasr / onnxruntime): {best['onnxruntime fp32'] / best['oasr fp32']:.2f}x; "
+          f"int8: {best['onnxruntime int8'] / best['oasr int8']:.2f}x")
+    agree = {name: argmax_agreement([(a[0], b[0], a[1]) for a, b in zip(outputs[f"{name} fp32"],
+                                                                        outputs[f"{name} int8"], strict=True)])
+             for name in ("oasr", "onnxruntime")}
+    print(f"int8 vs fp32 CTC argmax agreement (WeNet-sized, random features): oasr {100 * agree['oasr']:.1f}%, "
+          f"onnxruntime {100 * agree['onnxruntime']:.1f}%")
+    fixture = fixture_agreement(threads)
+    if fixture is None:
+        print("int8 vs fp32 on the WeNet fixture: ../shared/fixtures not found")
+    else:
+        print(f"int8 vs fp32 CTC argmax agreement (WeNet fixture model, fixture audio): oasr {100 * fixture[0]:.1f}%, "
+              f"onnxruntime {100 * fixture[1]:.1f}%")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=6)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-onnx", dest="onnx", action="store_false", help="skip the onnxruntime peer")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, peer = build()
@@ -278,6 +413,8 @@ def main() -> None:
     pb, pa = best["padded"], best["alone"]
     print(f"packing bound: padding is {100 * (padded - real) / padded:.1f}% of frames; padded batches {pb:.2f} s, "
           f"the same rows alone (no padding work) {pa:.2f} s -> packing could save at most {100 * (pb - pa) / pb:.1f}%")
+    if args.onnx:
+        onnx_section(model, peer, batches, audio, args.repeats, args.threads)
 
 
 if __name__ == "__main__":
