@@ -98,6 +98,31 @@ def _is_tensor(source: Any) -> bool:
     return type(source).__module__.startswith("torch") and hasattr(source, "detach")
 
 
+def is_samples_with_rate(source: Any) -> bool:
+    """``(samples, sample_rate)``: what ``soundfile.read``, ``librosa.load`` and ``torchaudio.load`` return,
+    a 2-tuple of an array or tensor and an integer rate (one input, not two)."""
+    return (isinstance(source, tuple) and len(source) == 2
+            and (isinstance(source[0], np.ndarray) or _is_tensor(source[0]))
+            and isinstance(source[1], (int, np.integer)) and not isinstance(source[1], bool))
+
+
+def is_sample_list(source: Any) -> bool:
+    """A list or tuple of plain numbers: samples, not a list of inputs."""
+    return (isinstance(source, (list, tuple)) and len(source) > 0
+            and all(isinstance(x, (int, float, np.number)) and not isinstance(x, bool) for x in source))
+
+
+def _unpack_rate(source: Any, sample_rate: int | None) -> tuple[Any, int | None]:
+    """``(samples, rate)`` → samples and that rate (a different explicit ``sample_rate`` is an error)."""
+    if not is_samples_with_rate(source):
+        return source, sample_rate
+    samples, rate = source
+    if sample_rate is not None and sample_rate != rate:
+        raise AudioError(f"audio {describe_source(samples)} comes as (samples, {rate}) but sample_rate={sample_rate} "
+                         f"was also given; give one rate", source=describe_source(samples))
+    return samples, int(rate)
+
+
 def _mono_from_array(array: np.ndarray, what: str) -> np.ndarray:
     """Integer or float samples, 1-D or 2-D (either axis may be channels) → 1-D float32."""
     if array.dtype in _INT_SCALES:
@@ -328,11 +353,16 @@ def load(source: AudioSource, target_rate: int = 16000, *, sample_rate: int | No
          max_seconds: float | None = None, limit_hint: str = LIMIT_HINT) -> np.ndarray:
     """Decode, downmix and resample ``source`` → 1-D float32 samples in [-1, 1] at ``target_rate``.
 
-    ``sample_rate`` is the rate of a raw array or tensor (default: already ``target_rate``); encoded
-    audio carries its own rate and must not be given one.  ``limit_hint`` names the setting behind
-    ``max_seconds`` in the too-long message.
+    ``sample_rate`` is the rate of a raw array or tensor (default: already ``target_rate``), or comes with
+    it as ``(samples, rate)`` (what ``soundfile.read`` / ``torchaudio.load`` return); encoded audio carries
+    its own rate and must not be given one.  ``limit_hint`` names the setting behind ``max_seconds`` in
+    the too-long message.
     """
+    source, sample_rate = _unpack_rate(source, sample_rate)
     what = describe_source(source)
+    if is_sample_list(source):
+        raise AudioError(f"audio: got a {type(source).__name__} of {len(source)} numbers; pass samples as a numpy "
+                         f"array (np.asarray(samples, dtype=np.float32)) with their sample_rate", source=what)
     target_rate = _check_rate(target_rate, what, "target_rate")
     limit = _max_seconds(max_seconds)
     if _is_tensor(source):
@@ -403,6 +433,7 @@ def stream_chunk(samples: Any, what: str = "stream chunk") -> np.ndarray:
 
 def duration_seconds(source: AudioSource, *, sample_rate: int | None = None) -> float:
     """Duration of ``source`` in seconds (metadata when the container has it, else a counting decode)."""
+    source, sample_rate = _unpack_rate(source, sample_rate)
     what = describe_source(source)
     if _is_tensor(source) or isinstance(source, np.ndarray):
         array = source.detach().cpu().float().numpy() if _is_tensor(source) else source

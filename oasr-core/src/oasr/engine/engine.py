@@ -35,7 +35,7 @@ from oasr.engine.metrics import EngineMetrics
 from oasr.engine.options import DecodingOptions, RequestOutput
 from oasr.engine.outputs import OutputCallback, build_output, deliver
 from oasr.engine.scheduler import Scheduler
-from oasr.errors import CapabilityError, EngineFullError, OasrError, RequestError, TranscriptionError
+from oasr.errors import AudioError, CapabilityError, EngineFullError, OasrError, RequestError, TranscriptionError
 
 logger = logging.getLogger("oasr.engine")
 
@@ -180,9 +180,9 @@ class Engine:
     def load_audio(self, audio: Any, sample_rate: int | None) -> np.ndarray:
         """Any ``oasr.audio.load`` source as float32 samples at the model's rate.  ``sample_rate``
         describes raw sample arrays; encoded audio (paths, bytes, files) carries its own."""
-        from oasr.audio import load
+        from oasr.audio import is_samples_with_rate, load
 
-        raw = isinstance(audio, (np.ndarray, torch.Tensor))
+        raw = isinstance(audio, (np.ndarray, torch.Tensor)) or is_samples_with_rate(audio)
         # encoded audio: the engine's limit is enforced while decoding (arrays are checked after, by check_duration)
         limit = None if raw else self.config.max_audio_seconds
         return load(audio, self.sample_rate, sample_rate=sample_rate if raw else None, max_seconds=limit,
@@ -404,8 +404,17 @@ class Engine:
     def transcribe_outputs(self, audio: Any | Sequence[Any], *, decoding: DecodingOptions | None = None,
                            sample_rate: int | None = None, streaming: bool = False,
                            progress: Callable[[RequestOutput], None] | None = None):
-        """Transcribe one input or a list; RequestOutputs in input order (errors per row, not raised)."""
-        single = not isinstance(audio, (list, tuple))
+        """Transcribe one input or a list; RequestOutputs in input order (errors per row, not raised).
+
+        ``(samples, rate)`` is one input; a list of plain numbers is refused (samples belong in an array).
+        """
+        from oasr.audio import is_sample_list, is_samples_with_rate
+
+        if is_sample_list(audio):
+            raise AudioError(f"transcribe() got a {type(audio).__name__} of {len(audio)} numbers, which would be "
+                             f"{len(audio)} inputs; pass one recording as a numpy array "
+                             f"(np.asarray(samples, dtype=np.float32)) with its sample_rate")
+        single = not isinstance(audio, (list, tuple)) or is_samples_with_rate(audio)
         items = [audio] if single else list(audio)
         if streaming or self._streaming is not None:
             if self._streaming is None:
@@ -431,6 +440,9 @@ class Engine:
                     if not self.step(flush=True):
                         item.done.wait(0.001)
         outputs = [r if isinstance(r, RequestOutput) else r.output for r in requests]
+        if sample_rate is None:
+            for item, output in zip(items, outputs, strict=True):
+                _warn_if_rate_assumed(item, output, self.sample_rate)
         return outputs[0] if single else outputs
 
     def transcribe_iter(self, audio: Any, *, decoding: DecodingOptions | None = None, sample_rate: int | None = None):
@@ -497,6 +509,24 @@ class Engine:
 
 
 ASREngine = Engine
+
+
+def _warn_if_rate_assumed(item: Any, output: RequestOutput, rate: int) -> None:
+    """An empty transcript of a raw array that is not silent, read at the model's rate because no
+    ``sample_rate`` was given, is most often audio recorded at another rate: say so."""
+    if output.finish_reason == "error" or output.text.strip():
+        return
+    samples = item.detach().cpu().float().numpy() if isinstance(item, torch.Tensor) else item
+    if not isinstance(samples, np.ndarray) or samples.dtype.kind != "f" or samples.size == 0:
+        return
+    if float(np.abs(samples).max()) < 0.01:
+        return  # (near) silence: an empty transcript is the expected one
+    import warnings
+
+    warnings.warn(f"request {output.request_id}: the transcript is empty although the audio is not silent; "
+                  f"a raw array without sample_rate is read at the model's {rate} Hz: if it was recorded at "
+                  f"another rate (44100, 48000, ...), pass sample_rate= or (samples, rate)", RuntimeWarning,
+                  stacklevel=4)
 
 
 def _abandoned(request: Request) -> bool:
