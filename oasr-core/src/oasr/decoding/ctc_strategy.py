@@ -133,18 +133,9 @@ class CtcDecodeStrategy(DecodeStrategy):
         return results
 
     def _finish_hypothesis(self, hyp: Hypothesis, frame: float, options) -> None:
-        from oasr.decoding.words import words_from_tokens
+        from oasr.decoding.words import finish_frame_hypothesis
 
-        if hyp.token_frames is not None:
-            hyp.token_times = [round(f * frame, 3) for f in hyp.token_frames]
-        if hyp.token_confidences:
-            conf = 1.0
-            for c in hyp.token_confidences:
-                conf *= c
-            hyp.confidence = conf ** (1.0 / len(hyp.token_confidences))
-        if options.word_timestamps and hyp.token_frames is not None:
-            hyp.words = words_from_tokens(hyp.tokens, hyp.token_frames, hyp.token_confidences, self.ctx.tokenizer,
-                                          frame_shift_seconds=frame)
+        finish_frame_hypothesis(hyp, frame, self.ctx.tokenizer, word_timestamps=options.word_timestamps)
 
 
 class CtcStreamSearch:

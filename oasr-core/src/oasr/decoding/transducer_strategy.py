@@ -186,19 +186,9 @@ class TransducerDecodeStrategy(DecodeStrategy):
 
     def finish_hypothesis(self, hyp: Hypothesis, frame: float, options) -> None:
         """Token times, the utterance confidence (geometric mean) and, when asked, word timings."""
-        from oasr.decoding.words import words_from_tokens
+        from oasr.decoding.words import finish_frame_hypothesis
 
-        for h in [hyp, *(hyp.nbest or [])]:
-            if h.token_frames is not None:
-                h.token_times = [round(f * frame, 3) for f in h.token_frames]
-            if h.token_confidences:
-                conf = 1.0
-                for c in h.token_confidences:
-                    conf *= c
-                h.confidence = conf ** (1.0 / len(h.token_confidences))
-        if options.word_timestamps and hyp.token_frames is not None:
-            hyp.words = words_from_tokens(hyp.tokens, hyp.token_frames, hyp.token_confidences, self.ctx.tokenizer,
-                                          frame_shift_seconds=frame)
+        finish_frame_hypothesis(hyp, frame, self.ctx.tokenizer, word_timestamps=options.word_timestamps)
 
     # -- streaming ------------------------------------------------------------------------------------
     def stream_search(self, options) -> TransducerStreamSearch:

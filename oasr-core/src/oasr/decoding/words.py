@@ -27,7 +27,8 @@ import torch
 from oasr.decoding.types import WordTiming
 from oasr.errors import ConfigError
 
-__all__ = ["WordTiming", "ctc_alignment_spans", "ctc_token_confidences", "is_cjk", "split_words", "words_from_tokens"]
+__all__ = ["WordTiming", "ctc_alignment_spans", "ctc_token_confidences", "finish_frame_hypothesis", "is_cjk", "split_words",
+           "words_from_tokens"]
 
 
 def is_cjk(ch: str) -> bool:
@@ -141,3 +142,20 @@ def ctc_token_confidences(log_probs: torch.Tensor, tokens: Sequence[int], token_
                               key="token_frames")
         out.append(math.exp(float(log_probs[start:end, int(token)].max())))
     return out
+
+
+def finish_frame_hypothesis(hyp: Any, frame_seconds: float, tokenizer: Any, *, word_timestamps: bool) -> None:
+    """Complete a frame-synchronous search's :class:`~oasr.decoding.types.Hypothesis` (and its n-best):
+    token start times from ``token_frames``, the utterance confidence as the geometric mean of the
+    token confidences, and, when asked, word timings of the best one."""
+    for h in [hyp, *(hyp.nbest or [])]:
+        if h.token_frames is not None:
+            h.token_times = [round(f * frame_seconds, 3) for f in h.token_frames]
+        if h.token_confidences:
+            conf = 1.0
+            for c in h.token_confidences:
+                conf *= c
+            h.confidence = conf ** (1.0 / len(h.token_confidences))
+    if word_timestamps and hyp.token_frames is not None:
+        hyp.words = words_from_tokens(hyp.tokens, hyp.token_frames, hyp.token_confidences, tokenizer,
+                                      frame_shift_seconds=frame_seconds)
