@@ -81,6 +81,8 @@ class EngineConfig:
     num_threads: int | None = attrs.field(default=None, validator=_Checked(_positive_or_none))
 
     # streaming
+    #: the streaming chunk in the unit the model's streaming_geometry documents (WeNet Conformer: encoder
+    #: frames; icefall Zipformer: icefall's --chunk-size, 50 Hz embed frames)
     chunk_size: int = attrs.field(default=16, validator=_Checked(v.ge(1)))
     #: left chunks of attention context kept per stream (-1: unlimited)
     num_left_chunks: int = -1
