@@ -19,7 +19,11 @@ first append opens it, every append feeds it, and partial results become delta e
 is still arriving (they carry the item id that ``input_audio_buffer.committed`` announces later);
 commit ends the stream and its final result is the completed event.  An offline engine accumulates
 the appended audio as PCM16 (up to ``realtime_max_buffer_seconds`` per item, and
-``realtime_max_total_buffer_seconds`` over all sessions) and transcribes it at commit.  The engine
+``realtime_max_total_buffer_seconds`` over all sessions) and transcribes it at commit; a session opened
+with ``?partials=true`` also gets ``oasr.input_audio_transcription.partial`` events while it buffers
+(``transcript``: the text of the buffer so far, replacing the previous partial; the buffer is transcribed
+again after every ``realtime_partial_seconds`` of new audio, one such preview at a time, up to
+:data:`PARTIAL_MAX_SECONDS` of buffer, never holding the concurrency slot a commit needs).  The engine
 resamples 24 kHz input to the model's rate.  ``turn_detection: {"type": "server_vad", ...}`` makes the
 server find turns and commit them itself (see :mod:`oasr.serve.turns`); otherwise ``turn_detection`` must be
 null and the client commits.  Every item in transcription holds one concurrency slot.
@@ -67,6 +71,9 @@ ENDPOINT = "realtime"
 TRANSCRIPTION_KEYS = ("model", "language", "prompt")
 #: on shutdown, how long items in transcription get to send their final event
 SHUTDOWN_FLUSH_SECONDS = 1.0
+#: offline partials stop once a buffer holds this much audio (each preview transcribes the whole buffer)
+PARTIAL_MAX_SECONDS = 120.0
+PARTIAL_EVENT = "oasr.input_audio_transcription.partial"
 
 
 class EventError(Exception):
@@ -113,6 +120,9 @@ class _Item:
     outcome: str = "disconnected"
     #: server VAD: when the turn's speech stopped (perf_counter)
     stopped: float | None = None
+    #: offline partials: the preview transcription running, and the buffer length it started at
+    preview: asyncio.Task | None = None
+    previewed: int = 0
 
     @property
     def seconds(self) -> float:
@@ -120,8 +130,9 @@ class _Item:
 
 
 class RealtimeSession:
-    def __init__(self, websocket: WebSocket, state: Any):
+    def __init__(self, websocket: WebSocket, state: Any, *, partials: bool = False):
         self.ws = websocket
+        self.partials = partials
         self.state = state
         self.runner = state.runner
         self.id = f"sess_{uuid.uuid4().hex[:20]}"
@@ -400,6 +411,46 @@ class RealtimeSession:
             item.chunks.append(samples)
             item.buffered += seconds
             self.state.buffered_seconds += seconds
+            self._maybe_preview(item)
+
+    def _maybe_preview(self, item: _Item) -> None:
+        """Start a preview transcription of the buffer so far, when partials are asked for and enough new
+        audio has arrived since the last one (never two at once for an item)."""
+        every = self.state.settings.realtime_partial_seconds
+        if not self.partials or every <= 0 or item.preview is not None or item.seconds > PARTIAL_MAX_SECONDS:
+            return
+        if item.samples - item.previewed < every * item.rate:
+            return
+        item.previewed = item.samples
+        item.preview = asyncio.create_task(self._preview(item))
+
+    async def _preview(self, item: _Item) -> None:
+        """Transcribe the buffer so far and send it as a partial while the item is still buffering; skipped
+        when no concurrency slot is free (a preview never waits for one)."""
+        handle, release = None, None
+        try:
+            try:
+                release = self.state.acquire()
+            except ApiError:
+                return
+            audio = np.concatenate(item.chunks).astype(np.float32) / 32768.0
+            handle = await self.runner.submit(audio, sample_rate=item.rate, decoding=item.decoding)
+            output = await handle.result(self._timeout())
+            if self.current is item and output.finish_reason not in ("error", "abort"):
+                await self.send(PARTIAL_EVENT, item_id=item.item_id, content_index=0, transcript=output.text)
+        except (OasrError, ApiError, TimeoutError):
+            pass  # a preview that fails is not shown; the commit reports the item's own outcome
+        finally:
+            if handle is not None and handle.final is None:
+                self.runner.abort(handle.request_id)
+            if release is not None:
+                release()
+            item.preview = None
+
+    @staticmethod
+    def _stop_preview(item: _Item) -> None:
+        if item.preview is not None:
+            item.preview.cancel()
 
     async def commit(self) -> None:
         item = self.current
@@ -407,6 +458,7 @@ class RealtimeSession:
             raise EventError("the input audio buffer is empty: append audio before committing",
                              code="input_audio_buffer_commit_empty")
         self.current = None
+        self._stop_preview(item)
         await self.send("input_audio_buffer.committed", item_id=item.item_id, previous_item_id=self.previous_item_id)
         self.previous_item_id = item.item_id
         if item.handle is not None:
@@ -431,6 +483,7 @@ class RealtimeSession:
         item.buffered = 0.0
 
     def _drop(self, item: _Item) -> None:
+        self._stop_preview(item)
         if item.task is not None:
             item.task.cancel()
         if item.handle is not None and item.handle.final is None:
@@ -571,7 +624,8 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
             await websocket.close(code=1008, reason=err.message[:120])
         return
     await websocket.accept(subprotocol=subprotocol)
-    session = RealtimeSession(websocket, state)
+    partials = websocket.query_params.get("partials", "").strip().lower() in ("1", "true", "yes")
+    session = RealtimeSession(websocket, state, partials=partials)
     state.sessions.add(session)
     state.metrics.realtime_sessions.inc()
     try:

@@ -41,6 +41,9 @@ class ServerSettings:
     realtime_max_buffer_seconds: float = attrs.field(default=600.0, validator=v.gt(0))
     #: uncommitted realtime audio held over all sessions at once (offline engines buffer until commit)
     realtime_max_total_buffer_seconds: float = attrs.field(default=3600.0, validator=v.gt(0))
+    #: offline engines, sessions opened with ``?partials=true``: the buffer so far is transcribed again after
+    #: this many seconds of new audio and sent as a partial transcript (0: never)
+    realtime_partial_seconds: float = attrs.field(default=1.0, validator=v.ge(0))
     #: realtime sessions open at once; the next handshake gets 429
     realtime_max_sessions: int = attrs.field(default=64, validator=v.ge(1))
     #: the largest WebSocket message accepted (OpenAI's limit for one append is 15 MiB of base64)
