@@ -26,7 +26,7 @@ Measured, one intra-op thread each, in the same process run:
   time when the p95 stays under the 320 ms chunk; rows for the OASR engine (features + slot backend +
   stream search), the torch network in the script's loop, onnxruntime in the same loop, sherpa-onnx.
 
-    python benchmarks/icefall.py [--streams 1,2,4,8,16] [--seconds 16] [--utts 4] [--skip-onnx]
+    python benchmarks/icefall.py [--streams 1,2,4,8,16] [--seconds 16] [--utts 4] [--int8] [--skip-onnx]
 """
 
 from __future__ import annotations
@@ -375,6 +375,20 @@ def stream_loop(net, layout, audio: list[np.ndarray]) -> tuple[list[float], floa
     return latencies, compute, streams
 
 
+def quantize_int8(files: dict[str, Path]) -> dict[str, Path]:
+    """icefall's int8 export: onnxruntime's dynamic quantization of the MatMul weights (and the
+    decoder's embedding Gather), as export-onnx-streaming.py writes the ``*.int8.onnx`` files."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    out = {}
+    for part, file in files.items():
+        out[part] = file.with_suffix(".int8.onnx")
+        ops = ["MatMul", "Gather"] if part == "decoder" else ["MatMul"]
+        quantize_dynamic(model_input=str(file), model_output=str(out[part]), op_types_to_quantize=ops,
+                         weight_type=QuantType.QInt8)
+    return out
+
+
 def sherpa_recognizer(files: dict[str, Path]):
     """sherpa-onnx's OnlineRecognizer on the exported files (greedy search, one thread)."""
     import sherpa_onnx
@@ -404,10 +418,10 @@ def sherpa_loop(recognizer, audio: list[np.ndarray]) -> tuple[list[float], float
 
 
 # -- the OASR engine -------------------------------------------------------------------------------------
-def engine_offline(bundle: Path, audio: list[np.ndarray]) -> float:
+def engine_offline(bundle: Path, audio: list[np.ndarray], quantization: str | None = None) -> float:
     from oasr.engine import Engine, EngineConfig
 
-    engine = Engine(EngineConfig(model=str(bundle), max_batch_size=1))
+    engine = Engine(EngineConfig(model=str(bundle), max_batch_size=1, quantization=quantization))
     engine.transcribe_outputs(audio[0][:32000])  # warm up
     t0 = time.perf_counter()
     outputs = engine.transcribe_outputs(list(audio))
@@ -416,13 +430,13 @@ def engine_offline(bundle: Path, audio: list[np.ndarray]) -> float:
     return elapsed
 
 
-def engine_streams(bundle: Path, audio: list[np.ndarray]) -> tuple[list[float], float]:
+def engine_streams(bundle: Path, audio: list[np.ndarray], quantization: str | None = None) -> tuple[list[float], float]:
     from oasr.engine import Engine, EngineConfig
 
     seconds = max(a.size for a in audio) / 16000
     engine = Engine(EngineConfig(model=str(bundle), service_mode="streaming", chunk_size=CHUNK,
                                  num_left_chunks=LEFT // CHUNK, max_streams=len(audio),
-                                 max_stream_seconds=seconds + 5))
+                                 max_stream_seconds=seconds + 5, quantization=quantization))
     piece = int(CHUNK_SECONDS * 16000)
     for i in range(len(audio)):
         engine.add_streaming_request(request_id=f"s{i}")
@@ -493,6 +507,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=16.0, help="audio per stream / utterance")
     parser.add_argument("--utts", type=int, default=4, help="utterances in the offline measurement")
     parser.add_argument("--skip-onnx", action="store_true", help="OASR rows only")
+    parser.add_argument("--int8", action="store_true", help="add OASR int8 and sherpa-onnx int8 rows")
     parser.add_argument("--work-dir", default="/tmp/oasr-bench/icefall-small")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -508,6 +523,10 @@ def main() -> None:
         recognizer = sherpa_recognizer(files)
         runners["onnxruntime"] = lambda audio: stream_loop(ort_net, layout, audio)
         runners["sherpa-onnx"] = lambda audio: sherpa_loop(recognizer, audio)
+        if args.int8:
+            recognizer_int8 = sherpa_recognizer(quantize_int8(files))
+            runners["sherpa-onnx int8"] = lambda audio: sherpa_loop(recognizer_int8, audio)
+    engines = ("OASR engine", None), *((("OASR int8", "int8"),) if args.int8 else ())
     n_params = sum(p.numel() for p in model.parameters())
     print(f"machine: {machine()}")
     print(f"model: icefall streaming Zipformer 'small' transducer, {n_params / 1e6:.1f} M parameters (random, "
@@ -522,23 +541,25 @@ def main() -> None:
     print(f"\noffline: {args.utts} x {args.seconds:.0f} s")
     print(f"{'runtime':>38} {'audio s / s':>12} {'RTF':>7}")
     rate = {}
-    elapsed = engine_offline(bundle, utts)
-    rate["OASR engine"] = total / elapsed
-    print(f"{'OASR engine (whole-utterance encoder)':>38} {rate['OASR engine']:>12.1f} {elapsed / total:>7.3f}")
+    for name, quantization in engines:
+        elapsed = engine_offline(bundle, utts, quantization)
+        rate[name] = total / elapsed
+        print(f"{name + ' (whole-utterance encoder)':>38} {rate[name]:>12.1f} {elapsed / total:>7.3f}")
     for name, runner in runners.items():
         elapsed = sum(runner([u])[1] for u in utts)
         rate[name] = total / elapsed
         print(f"{name + ' (chunk by chunk)':>38} {rate[name]:>12.1f} {elapsed / total:>7.3f}")
-    for peer in ("onnxruntime", "sherpa-onnx"):
-        if peer in rate:
-            print(f"ratio OASR engine / {peer}: {rate['OASR engine'] / rate[peer]:.2f}x audio-seconds per second")
+    for ours, peer in (("OASR engine", "onnxruntime"), ("OASR engine", "sherpa-onnx"),
+                       ("OASR int8", "sherpa-onnx int8")):
+        if ours in rate and peer in rate:
+            print(f"ratio {ours} / {peer}: {rate[ours] / rate[peer]:.2f}x audio-seconds per second")
 
     print(f"\nstreaming: {args.seconds:.0f} s per stream, one {CHUNK_SECONDS * 1000:.0f} ms chunk per stream per step")
     print(f"{'streams':>7} {'runtime':>14} {'p50 ms':>8} {'p95 ms':>8} {'RTF':>6} {'real time':>9}")
     best: dict[str, int] = {}
     for n in [int(s) for s in args.streams.split(",")]:
         audio = [synth(args.seconds, seed=i) for i in range(n)]
-        results = {"OASR engine": engine_streams(bundle, audio)}
+        results = {name: engine_streams(bundle, audio, quantization) for name, quantization in engines}
         results.update({name: runner(audio)[:2] for name, runner in runners.items()})
         for name, (latencies, compute) in results.items():
             line, ok = summary(latencies, compute, args.seconds)
