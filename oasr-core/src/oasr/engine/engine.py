@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from oasr import plugins, serde
+from oasr.cancellation import cancellable
 from oasr.checkpoints.loaded import LoadedModel
 from oasr.checkpoints.loading import load_pretrained
 from oasr.decoding.strategy import DecodeBatch, DecodeContext, DecodeStrategy
@@ -337,6 +338,10 @@ class Engine:
         return outputs
 
     def _decode(self, requests: Sequence[Request]) -> list[Hypothesis | BaseException]:
+        with cancellable(self._raise_if_abandoned):  # feature extraction stops at its next tile, too
+            return self._decode_batch(requests)
+
+    def _decode_batch(self, requests: Sequence[Request]) -> list[Hypothesis | BaseException]:
         batch = DecodeBatch(request_ids=[r.request_id for r in requests], options=[r.options for r in requests],
                             waveforms=[r.audio for r in requests], on_segments=_segment_sink(requests))
         if self.strategy.needs_features:
@@ -358,6 +363,9 @@ class Engine:
     def _check_cancelled(self, module: Any, args: Any) -> None:
         """A forward pre-hook: leave the running batch at its next module once all its requests are aborted
         (rows of a partly aborted batch run on; aborted ones are dropped when the batch ends)."""
+        self._raise_if_abandoned()
+
+    def _raise_if_abandoned(self) -> None:
         running = self._running
         if running and all(_abandoned(r) for r in running):
             raise BatchCancelled(f"all {len(running)} request(s) of the running batch were aborted")

@@ -38,6 +38,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from oasr.cancellation import check_cancelled
 from oasr.errors import ConfigError
 from oasr.layers._backend import kernel
 
@@ -336,6 +337,7 @@ def stft_mel(
     ceps_blocks = tuple((0, cepstra.shape[0], c0, c0 + GEMM_COLUMNS) for c0 in range(0, ceps_cols, GEMM_COLUMNS))
 
     for b0, b1, f0, f1 in tiles:
+        check_cancelled()  # a tile is the unit of work an abandoned request stops after
         rows, frames_n = b1 - b0, f1 - f0
         used = rows * frames_n
         padded = _round_up(used, _ROW_ALIGN)
