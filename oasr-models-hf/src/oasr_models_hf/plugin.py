@@ -52,6 +52,16 @@ def oasr_register_models(register) -> None:
         converter="oasr_models_hf.fastconformer.convert:ParakeetCtcConverter",
         description="NVIDIA Parakeet CTC (Hugging Face parakeet_ctc): FastConformer encoder + CTC head",
     )
+    for kind, model, what in (("ctc", "ParakeetCtc", "CTC (or a hybrid's CTC head)"),
+                              ("rnnt", "ParakeetRnnt", "RNN-T (and hybrid RNNT+CTC: RNN-T head)"),
+                              ("tdt", "ParakeetTdt", "TDT")):
+        register(
+            f"nemo_{kind}",
+            model=f"oasr_models_hf.fastconformer.model:{model}Model",
+            config=f"oasr_models_hf.fastconformer.config:{model}Config",
+            converter=f"oasr_models_hf.fastconformer.nemo_convert:Nemo{kind.title()}Converter",
+            description=f"NVIDIA NeMo .nemo archive, FastConformer {what}",
+        )
     register(
         "speech_llm",
         model="oasr_models_hf.speech_llm.model:SpeechLlmModel",

@@ -49,9 +49,13 @@ class CheckpointConverter:
     expected_unused_prefixes: ClassVar[tuple[str, ...]] = ()
     #: checkpoint key prefix → what capability is lost if those keys are dropped: a named warning
     capability_drop_hints: ClassVar[dict[str, str]] = {}
+    #: name suffixes of single-file sources (an archive) this converter reads: loading accepts such a file
+    #: where it otherwise wants a directory, and asks only the converters that list its suffix to detect it
+    source_file_suffixes: ClassVar[tuple[str, ...]] = ()
 
     def detect(self, path: Path) -> bool:
-        """True if ``path`` (a directory) carries this converter's own format markers."""
+        """True if ``path`` (a directory, or a file of :attr:`source_file_suffixes`) carries this converter's
+        own format markers."""
         raise NotImplementedError
 
     def load_state_dict(self, path: Path) -> dict[str, torch.Tensor]:

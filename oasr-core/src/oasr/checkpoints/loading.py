@@ -1,6 +1,7 @@
 """``from_pretrained`` / ``load_pretrained``: from a directory, alias or hub id to a ready model.
 
-Resolution precedence:
+A source is a directory, or a single file that a converter lists among its ``source_file_suffixes``
+(an archive it unpacks itself).  Resolution precedence:
 
 1. a native bundle (``oasr_config.json``) loads directly, with no third-party framework;
 2. an explicit ``architecture=`` picks that converter, no sniffing;
@@ -35,7 +36,7 @@ def resolve_source(id_or_path: str | os.PathLike) -> Path:
     text = os.fspath(id_or_path)
     path = Path(text).expanduser()
     if path.exists():
-        if not path.is_dir():
+        if not path.is_dir() and not _claimed_file(path):
             raise CheckpointFormatError(f"{path} is a file; pass the checkpoint directory that contains it", path=path)
         return path.resolve()
     aliases = plugins.registry("aliases")
@@ -65,6 +66,20 @@ def resolve_source(id_or_path: str | os.PathLike) -> Path:
         offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
         hint = " (HF_HUB_OFFLINE is set and it is not in the local cache)" if offline else ""
         raise CheckpointFormatError(f"cannot fetch hub model {text!r}{hint}: {exc}", path=text) from exc
+
+
+def _claimed_file(path: Path) -> bool:
+    """True when a registered converter reads files named like ``path`` (its ``source_file_suffixes``)."""
+    for entry in plugins.registry("models"):
+        if entry.meta.get("converter") is None:
+            continue
+        try:
+            converter = entry.load_meta("converter")
+        except Exception:  # noqa: BLE001 - detection reports converters that fail to import
+            continue
+        if path.suffix and path.suffix in converter.source_file_suffixes:
+            return True
+    return False
 
 
 def account_for_load(report: LoadReport, converter: CheckpointConverter | None, source: Path,

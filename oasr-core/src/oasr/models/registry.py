@@ -114,6 +114,8 @@ def detect_architecture(path: str | Path) -> str:
             warnings.warn(f"converter of {entry.name!r} ({entry.distribution}) failed to import: {exc}",
                           RuntimeWarning, stacklevel=2)
             continue
+        if path.is_file() and path.suffix not in converter.source_file_suffixes:
+            continue  # a single-file source is asked only of the converters that read files of its kind
         if converter.detect(path):
             claims.append((int(converter.detect_specificity), entry.name))
     if not claims:

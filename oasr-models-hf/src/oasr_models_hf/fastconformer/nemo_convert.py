@@ -1,0 +1,319 @@
+"""Converters of NeMo ``.nemo`` archives onto the FastConformer family's Parakeet models.
+
+A ``.nemo`` file (see :mod:`oasr_models_hf.fastconformer.nemo`) is claimed by what its
+``model_config.yaml`` holds (specificity 30):
+
+- ``nemo_ctc``: a CTC model (``EncDecCTCModelBPE``: ``decoder`` a ``ConvASRDecoder``, no ``joint``);
+- ``nemo_rnnt``: an RNN-T model (``EncDecRNNTBPEModel``: ``decoder`` an ``RNNTDecoder``, ``joint`` an
+  ``RNNTJoint``), and a hybrid RNNT+CTC model (``EncDecHybridRNNTCTCBPEModel``, which adds ``aux_ctc``):
+  its RNN-T head is the default, ``architecture="nemo_ctc"`` picks its CTC head;
+- ``nemo_tdt``: an RNN-T model whose loss is ``tdt`` (or whose ``decoding.model_type`` is ``tdt``); the
+  durations come from ``decoding.durations``, ``loss.tdt_kwargs.durations`` or
+  ``model_defaults.tdt_durations``, in that order.
+
+Config mapping (NeMo's ``ConformerEncoder`` field → OASR :class:`FastConformerConfig`): ``feat_in`` →
+``num_mel_bins``, ``d_model`` → ``hidden_size``, ``n_layers``, ``n_heads``, ``d_model * ff_expansion_factor``
+→ ``intermediate_size``, ``conv_kernel_size``, ``subsampling_factor``, ``subsampling_conv_channels`` (-1:
+``d_model``), ``xscaling`` → ``scale_input``, ``use_bias`` → both biases.  What the offline encoder does not
+compute is refused by name: another ``subsampling`` than ``dw_striding``, another attention than ``rel_pos``,
+tied position biases, another norm than ``batch_norm``, a ``feat_out`` projection, and the cache-aware
+configs (``causal_downsampling``, a limited ``att_context_size``, a causal ``conv_context_size``).
+
+The preprocessor (``AudioToMelSpectrogramPreprocessor``) becomes the ``nemotron_logmel`` FeatureSpec with
+NeMo's defaults for absent fields: 25 ms / 10 ms hann windows, n_fft 512, pre-emphasis 0.97, per-feature
+normalization; its training dither is 0 at inference (NeMo's ``transcribe()`` sets it so).  Fields the
+extractor does not implement (no log, a clamp guard, a power other than 2, ``frame_splicing``,
+``exact_pad``, band limits) are refused by name.
+
+Weights (``model_weights.ckpt``): NeMo's module names become the Hugging Face names the Parakeet models load
+(``encoder.pre_encode.conv.N`` → ``encoder.subsampling.layers.N``, ``self_attn.linear_q`` → ``q_proj``,
+``linear_pos`` → ``relative_k_proj``, ``pos_bias_u`` → ``bias_u``, ``conv.batch_norm`` → ``conv.norm``;
+CTC ``decoder.decoder_layers.0`` → ``ctc_head``; ``decoder.prediction.embed`` / ``dec_rnn.lstm`` →
+``decoder.embedding`` / ``decoder.lstm``; ``joint.enc`` / ``joint.pred`` / ``joint.joint_net.2`` →
+``joint.encoder_projector`` / ``decoder_projector`` / ``head``).  The preprocessor's window and filterbank
+buffers are recomputed by the frontend and left unused; so is the head a hybrid does not run.
+
+Tokenizer: the archive's SentencePiece ``tokenizer.model`` (``tokenizer.type`` ``bpe``); the blank is the
+id after the vocabulary (the heads' last output).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from oasr.checkpoints.converter import DETECT_KEYED_VALUE, CheckpointConverter
+from oasr.errors import CheckpointFormatError, UnsupportedConfigError
+from oasr.models.specs import DecodingDefaults, FeatureSpec, TokenizerSpec
+from oasr_models_hf.fastconformer.config import (
+    FastConformerConfig,
+    ParakeetCtcConfig,
+    ParakeetRnntConfig,
+    ParakeetTdtConfig,
+)
+from oasr_models_hf.fastconformer.nemo import NEMO_SUFFIX, NemoArchive, is_nemo_archive, open_archive
+
+#: NeMo key pattern → the Hugging Face Parakeet name (applied in order; the first match renames)
+_ENCODER_RENAMES = (
+    (r"^encoder\.pre_encode\.conv\.", "encoder.subsampling.layers."),
+    (r"^encoder\.pre_encode\.out\.", "encoder.subsampling.linear."),
+    (r"\.self_attn\.linear_q\.", ".self_attn.q_proj."),
+    (r"\.self_attn\.linear_k\.", ".self_attn.k_proj."),
+    (r"\.self_attn\.linear_v\.", ".self_attn.v_proj."),
+    (r"\.self_attn\.linear_out\.", ".self_attn.o_proj."),
+    (r"\.self_attn\.linear_pos\.", ".self_attn.relative_k_proj."),
+    (r"\.self_attn\.pos_bias_u$", ".self_attn.bias_u"),
+    (r"\.self_attn\.pos_bias_v$", ".self_attn.bias_v"),
+    (r"\.conv\.batch_norm\.", ".conv.norm."),
+)
+_TRANSDUCER_RENAMES = (
+    (r"^decoder\.prediction\.embed\.", "decoder.embedding."),
+    (r"^decoder\.prediction\.dec_rnn\.lstm\.", "decoder.lstm."),
+    (r"^joint\.enc\.", "joint.encoder_projector."),
+    (r"^joint\.pred\.", "joint.decoder_projector."),
+    (r"^joint\.joint_net\.2\.", "joint.head."),
+)
+_PREPROCESSOR_DEFAULTS = {"sample_rate": 16000, "window_size": 0.02, "window_stride": 0.01, "window": "hann",
+                          "normalize": "per_feature", "n_fft": None, "preemph": 0.97, "features": 64,
+                          "lowfreq": 0, "highfreq": None, "log": True, "log_zero_guard_type": "add",
+                          "log_zero_guard_value": 2 ** -24, "mag_power": 2.0, "frame_splicing": 1,
+                          "exact_pad": False, "mel_norm": "slaney"}
+
+
+def nemo_kind(config: dict[str, Any]) -> str:
+    """``"ctc"``, ``"rnnt"``, ``"tdt"`` or ``"hybrid"`` (RNN-T + auxiliary CTC) from an archive's config."""
+    if isinstance(config.get("joint"), dict):
+        loss = config.get("loss") or {}
+        decoding = config.get("decoding") or {}
+        if loss.get("loss_name") == "tdt" or decoding.get("model_type") == "tdt":
+            return "tdt"
+        return "hybrid" if isinstance(config.get("aux_ctc"), dict) else "rnnt"
+    decoder = config.get("decoder") or {}
+    return "ctc" if str(decoder.get("_target_", "")).endswith("ConvASRDecoder") else "unknown"
+
+
+def _section(path: Path, config: dict[str, Any], key: str) -> dict[str, Any]:
+    section = config.get(key)
+    if not isinstance(section, dict):
+        raise CheckpointFormatError(f"{path}: model_config.yaml has no {key!r} section", path=path)
+    return section
+
+
+def _refuse(path: Path, key: str, value: Any, why: str) -> UnsupportedConfigError:
+    return UnsupportedConfigError(f"{path}: model_config.yaml {key}={value!r} is not supported: {why}", path=path,
+                                  key=key)
+
+
+def _check_encoder(path: Path, enc: dict[str, Any]) -> None:
+    rules = (("subsampling", "dw_striding", "only dw_striding subsampling is implemented"),
+             ("self_attention_model", "rel_pos", "only Transformer-XL rel_pos attention is implemented"),
+             ("untie_biases", True, "the position biases must be per layer (untie_biases: true)"),
+             ("conv_norm_type", "batch_norm", "the convolution module's norm must be batch_norm"),
+             ("feat_out", -1, "an output projection after the blocks is not implemented"),
+             ("causal_downsampling", False, "cache-aware (causal) subsampling is not implemented offline yet"))
+    for key, want, why in rules:
+        if enc.get(key, want) != want:
+            raise _refuse(path, f"encoder.{key}", enc[key], why)
+    context = enc.get("att_context_size") or [-1, -1]
+    flat = [v for pair in context for v in (pair if isinstance(pair, list | tuple) else [pair])]
+    if any(int(v) != -1 for v in flat):
+        raise _refuse(path, "encoder.att_context_size", context, "limited attention context (cache-aware "
+                      "streaming configs) is not implemented for .nemo archives yet")
+    conv_context = enc.get("conv_context_size")
+    k = int(enc.get("conv_kernel_size", 31))
+    if conv_context not in (None, "None", [(k - 1) // 2, (k - 1) // 2]):
+        raise _refuse(path, "encoder.conv_context_size", conv_context, "only the symmetric (non-causal) "
+                      "convolution context is implemented")
+    if enc.get("reduction") not in (None, "None"):
+        raise _refuse(path, "encoder.reduction", enc["reduction"], "intermediate reduction is not implemented")
+
+
+def encoder_fields(path: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """The :class:`FastConformerConfig` encoder fields of an archive's ``encoder`` section (NeMo's defaults)."""
+    enc = _section(path, config, "encoder")
+    _check_encoder(path, enc)
+    d_model = int(enc.get("d_model", 256))
+    channels = int(enc.get("subsampling_conv_channels", -1))
+    bias = bool(enc.get("use_bias", True))
+    return dict(num_mel_bins=int(enc["feat_in"]), hidden_size=d_model, num_hidden_layers=int(enc["n_layers"]),
+                num_attention_heads=int(enc.get("n_heads", 4)),
+                intermediate_size=int(d_model * float(enc.get("ff_expansion_factor", 4))),
+                conv_kernel_size=int(enc.get("conv_kernel_size", 31)),
+                subsampling_factor=int(enc.get("subsampling_factor", 4)),
+                subsampling_conv_channels=d_model if channels == -1 else channels,
+                scale_input=bool(enc.get("xscaling", True)), attention_bias=bias, convolution_bias=bias)
+
+
+def feature_spec(path: Path, config: dict[str, Any], num_mel_bins: int) -> FeatureSpec:
+    """The ``nemotron_logmel`` FeatureSpec of an ``AudioToMelSpectrogramPreprocessor`` section."""
+    pre = _section(path, config, "preprocessor")
+    target = str(pre.get("_target_", ""))
+    if not target.endswith("AudioToMelSpectrogramPreprocessor"):
+        raise _refuse(path, "preprocessor._target_", target, "only AudioToMelSpectrogramPreprocessor is implemented")
+    p = dict(_PREPROCESSOR_DEFAULTS, **{k: v for k, v in pre.items() if v is not None or k == "highfreq"})
+    rate = int(p["sample_rate"])
+    fixed = (("window", "hann"), ("log", True), ("log_zero_guard_type", "add"), ("mag_power", 2.0),
+             ("frame_splicing", 1), ("exact_pad", False), ("mel_norm", "slaney"), ("lowfreq", 0))
+    for key, want in fixed:
+        if p[key] != want:
+            raise _refuse(path, f"preprocessor.{key}", p[key], f"the nemotron_logmel frontend computes {want!r}")
+    if p["highfreq"] not in (None, rate / 2, rate // 2):
+        raise _refuse(path, "preprocessor.highfreq", p["highfreq"], "the mel filters span 0 .. Nyquist")
+    if abs(float(p["log_zero_guard_value"]) - 2 ** -24) > 1e-12:
+        raise _refuse(path, "preprocessor.log_zero_guard_value", p["log_zero_guard_value"], "the guard is 2**-24")
+    if p["normalize"] not in ("per_feature", None, "None"):
+        raise _refuse(path, "preprocessor.normalize", p["normalize"], "only per_feature normalization is implemented")
+    if int(p["features"]) != num_mel_bins:
+        raise CheckpointFormatError(f"{path}: the preprocessor makes {p['features']} mel bins, the encoder reads "
+                                    f"feat_in={num_mel_bins}", path=path)
+    win, hop = round(float(p["window_size"]) * rate), round(float(p["window_stride"]) * rate)
+    n_fft = int(p["n_fft"]) if p["n_fft"] else 2 ** (win - 1).bit_length()
+    return FeatureSpec(kind="nemotron_logmel", sample_rate=rate, num_mel_bins=num_mel_bins,
+                       frame_length_ms=1000.0 * win / rate, frame_shift_ms=1000.0 * hop / rate, window_type="hann",
+                       snip_edges=False, low_freq=0.0, high_freq=rate / 2, preemphasis=float(p["preemph"] or 0.0),
+                       normalize="per_feature" if p["normalize"] == "per_feature" else None, audio_scale=1.0,
+                       options={"n_fft": n_fft})
+
+
+def rename_keys(state: dict[str, torch.Tensor], rules: tuple[tuple[str, str], ...]) -> dict[str, torch.Tensor]:
+    out = {}
+    for key, value in state.items():
+        for pattern, repl in rules:
+            new = re.sub(pattern, repl, key)
+            if new != key:
+                key = new
+                if pattern.startswith("^"):
+                    break
+        out[key] = value
+    return out
+
+
+class _NemoConverter(CheckpointConverter):
+    detect_specificity = DETECT_KEYED_VALUE
+    source_file_suffixes = (NEMO_SUFFIX,)
+    expected_unused_prefixes = ("preprocessor.", "encoder.pos_enc.")
+    #: the config kinds this converter claims
+    kinds: ClassVar[tuple[str, ...]] = ()
+
+    def detect(self, path: Path) -> bool:
+        return is_nemo_archive(path) and nemo_kind(open_archive(path).config) in self.kinds
+
+    def archive(self, path: Path) -> NemoArchive:
+        path = Path(path)
+        if path.is_dir() or path.suffix != NEMO_SUFFIX:
+            raise CheckpointFormatError(f"{path} is not a .nemo archive (the {self.architecture!r} converter reads "
+                                        f"a NeMo .nemo file)", path=path)
+        return open_archive(path)
+
+    def head_renames(self, kind: str) -> tuple[tuple[str, str], ...]:
+        raise NotImplementedError
+
+    def load_state_dict(self, path: Path) -> dict[str, torch.Tensor]:
+        archive = self.archive(path)
+        kind = nemo_kind(archive.config)
+        return rename_keys(archive.state_dict(), self.head_renames(kind) + _ENCODER_RENAMES)
+
+    def tokenizer_spec(self, path: Path, config: FastConformerConfig) -> TokenizerSpec:
+        archive = self.archive(path)
+        tok = archive.config.get("tokenizer") or {}
+        kind = tok.get("type", "bpe")
+        if kind != "bpe":
+            raise _refuse(archive.path, "tokenizer.type", kind, "only SentencePiece (bpe) tokenizers are read")
+        model = archive.extract(str(tok.get("model_path") or tok.get("model") or "tokenizer.model"), "the SentencePiece tokenizer model")
+        return TokenizerSpec(kind="sentencepiece", files={"model": str(model)}, special_ids=(config.blank_id,))
+
+    def feature_spec(self, path: Path, config: FastConformerConfig) -> FeatureSpec:
+        return feature_spec(Path(path), self.archive(path).config, config.num_mel_bins)
+
+
+def _head_vocab(path: Path, state: dict[str, torch.Tensor], key: str) -> int:
+    weight = state.get(key)
+    if weight is None:
+        raise CheckpointFormatError(f"{path}: model_weights.ckpt has no {key!r}", path=path)
+    return int(weight.shape[0])
+
+
+class NemoCtcConverter(_NemoConverter):
+    """A ``.nemo`` CTC archive (``EncDecCTCModelBPE``), or a hybrid's CTC head when asked for by name."""
+
+    architecture = "nemo_ctc"
+    kinds = ("ctc",)
+    expected_unused_prefixes = _NemoConverter.expected_unused_prefixes + ("decoder.prediction.", "joint.")
+
+    def head_renames(self, kind: str) -> tuple[tuple[str, str], ...]:
+        prefix = r"^ctc_decoder\." if kind == "hybrid" else r"^decoder\."
+        return ((prefix + r"decoder_layers\.0\.", "ctc_head."),)
+
+    def build_config(self, path: Path, state_dict: dict[str, torch.Tensor]) -> ParakeetCtcConfig:
+        archive = self.archive(path)
+        vocab = _head_vocab(archive.path, state_dict, "ctc_head.weight")
+        return ParakeetCtcConfig(vocab_size=vocab, blank_id=vocab - 1, **encoder_fields(archive.path, archive.config))
+
+    def decoding_defaults(self, path: Path, config: ParakeetCtcConfig) -> DecodingDefaults:
+        return DecodingDefaults(decode_type="ctc", blank_id=config.blank_id)
+
+
+class NemoRnntConverter(_NemoConverter):
+    """A ``.nemo`` RNN-T archive (``EncDecRNNTBPEModel``) or a hybrid RNNT+CTC one (its RNN-T head)."""
+
+    architecture = "nemo_rnnt"
+    kinds: ClassVar[tuple[str, ...]] = ("rnnt", "hybrid")
+    config_class: ClassVar[type[ParakeetRnntConfig]] = ParakeetRnntConfig
+    expected_unused_prefixes = _NemoConverter.expected_unused_prefixes + ("ctc_decoder.",)
+
+    def head_renames(self, kind: str) -> tuple[tuple[str, str], ...]:
+        return _TRANSDUCER_RENAMES
+
+    def head_fields(self, path: Path, config: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def build_config(self, path: Path, state_dict: dict[str, torch.Tensor]) -> ParakeetRnntConfig:
+        archive = self.archive(path)
+        cfg, where = archive.config, archive.path
+        prednet = _section(where, _section(where, cfg, "decoder"), "prednet")
+        jointnet = _section(where, _section(where, cfg, "joint"), "jointnet")
+        decoder = cfg["decoder"]
+        if decoder.get("normalization_mode") not in (None, "None"):
+            raise _refuse(where, "decoder.normalization_mode", decoder["normalization_mode"],
+                          "the LSTM predictor has no normalization")
+        if not decoder.get("blank_as_pad", True):
+            raise _refuse(where, "decoder.blank_as_pad", False, "the blank must be the embedding's padding row")
+        hidden = int(prednet["pred_hidden"])
+        if int(jointnet.get("joint_hidden", hidden)) != hidden:
+            raise _refuse(where, "joint.jointnet.joint_hidden", jointnet["joint_hidden"],
+                          f"the joint's width must equal the predictor's pred_hidden={hidden}")
+        vocab = _head_vocab(where, state_dict, "decoder.embedding.weight")
+        greedy = (cfg.get("decoding") or {}).get("greedy") or {}
+        max_symbols = greedy.get("max_symbols", greedy.get("max_symbols_per_step")) or 10
+        return self.config_class(vocab_size=vocab, blank_id=vocab - 1, decoder_hidden_size=hidden,
+                                 num_decoder_layers=int(prednet.get("pred_rnn_layers", 1)),
+                                 joint_act=str(jointnet.get("activation", "relu")),
+                                 max_symbols_per_step=int(max_symbols), **encoder_fields(where, cfg),
+                                 **self.head_fields(where, cfg))
+
+    def decoding_defaults(self, path: Path, config: ParakeetRnntConfig) -> DecodingDefaults:
+        return DecodingDefaults(decode_type="transducer", blank_id=config.blank_id,
+                                options={"max_symbols": config.max_symbols_per_step})
+
+
+class NemoTdtConverter(NemoRnntConverter):
+    """A ``.nemo`` TDT archive (``EncDecRNNTBPEModel`` with the ``tdt`` loss)."""
+
+    architecture = "nemo_tdt"
+    kinds = ("tdt",)
+    config_class = ParakeetTdtConfig
+
+    def head_fields(self, path: Path, config: dict[str, Any]) -> dict[str, Any]:
+        loss = (config.get("loss") or {}).get("tdt_kwargs") or {}
+        for durations in ((config.get("decoding") or {}).get("durations"), loss.get("durations"),
+                          (config.get("model_defaults") or {}).get("tdt_durations")):
+            if durations:
+                return {"tdt_durations": tuple(int(d) for d in durations)}
+        raise CheckpointFormatError(f"{path}: a TDT model_config.yaml names no durations (decoding.durations, "
+                                    f"loss.tdt_kwargs.durations or model_defaults.tdt_durations)", path=path)
+
+
+__all__ = ["NemoCtcConverter", "NemoRnntConverter", "NemoTdtConverter", "feature_spec", "nemo_kind"]
