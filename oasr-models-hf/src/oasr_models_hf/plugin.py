@@ -62,6 +62,22 @@ def oasr_register_models(register) -> None:
             converter=f"oasr_models_hf.fastconformer.nemo_convert:Nemo{kind.title()}Converter",
             description=f"NVIDIA NeMo .nemo archive, FastConformer {what}",
         )
+    register(  # nemotron: the helper fastconformer-streaming
+        "nemotron_asr_streaming",
+        model="oasr_models_hf.fastconformer.nemotron:NemotronAsrStreamingModel",
+        config="oasr_models_hf.fastconformer.nemotron:NemotronAsrConfig",
+        converter="oasr_models_hf.fastconformer.nemotron:NemotronAsrStreamingConverter",
+        description="NVIDIA Nemotron ASR streaming (Hugging Face nemotron_asr_streaming): cache-aware "
+                    "FastConformer + LSTM predictor, transducer greedy decoding",
+    )
+    register(
+        "nemotron3_5_asr",
+        model="oasr_models_hf.fastconformer.nemotron:Nemotron35AsrModel",
+        config="oasr_models_hf.fastconformer.nemotron:Nemotron35AsrConfig",
+        converter="oasr_models_hf.fastconformer.nemotron:Nemotron35AsrConverter",
+        description="NVIDIA Nemotron 3.5 ASR (Hugging Face nemotron3_5_asr): cache-aware FastConformer with "
+                    "per-request language prompts + LSTM predictor, transducer greedy decoding",
+    )
     register(
         "speech_llm",
         model="oasr_models_hf.speech_llm.model:SpeechLlmModel",

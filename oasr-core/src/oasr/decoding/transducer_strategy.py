@@ -98,6 +98,10 @@ class TransducerDecodeStrategy(DecodeStrategy):
 
     def validate(self, options, request_id=None) -> None:
         super().validate(options, request_id)
+        # a prompted encoder refuses what it cannot honour (an unknown language) here, at admission
+        check = getattr(self.ctx.model, "validate_encoder_request", None)
+        if check is not None:
+            check(options, request_id)
         beam = self._beam_size(options)
         if options.n_best > beam:
             raise RequestError(f"n_best={options.n_best} exceeds the beam size {beam}; raise beam_size",
@@ -146,7 +150,10 @@ class TransducerDecodeStrategy(DecodeStrategy):
     # -- offline --------------------------------------------------------------------------------------
     def decode(self, batch: DecodeBatch) -> list[Hypothesis | BaseException]:
         t0 = time.perf_counter()
-        hidden, lengths = self.ctx.model.encode_offline(batch.feats, batch.feat_lens)
+        # per-row encoder inputs of a prompted encoder (None: no row asks for one, the plain call)
+        conditioning = getattr(self.ctx.model, "encoder_conditioning", None)
+        extra = conditioning(batch.options) if conditioning is not None else None
+        hidden, lengths = self.ctx.model.encode_offline(batch.feats, batch.feat_lens, **(extra or {}))
         enc_proj = self.joiner.project_encoder(hidden)
         t1 = time.perf_counter()
         results = self.search(enc_proj, lengths.cpu(), batch.options)
