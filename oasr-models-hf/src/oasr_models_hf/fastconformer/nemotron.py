@@ -171,6 +171,8 @@ class Nemotron35AsrModel(NemotronAsrStreamingModel):
     def __init__(self, config: Nemotron35AsrConfig):
         super().__init__(config)
         self.prompt_projector = NemotronPromptProjector(config)
+        # streaming applies the stream's prompt inside the chunk forward (a plain tuple: not a submodule)
+        self.encoder.prompt_hook = (self.prompt_projector, config.default_prompt_id, self.resolve_prompt)
 
     def remap_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out = super().remap_state_dict(state_dict)

@@ -39,6 +39,7 @@ from oasr_models_hf.fastconformer.encoder import (
     RelPositionAttention,
     zero_beyond,
 )
+from oasr_models_hf.fastconformer.nemotron_streaming import NemotronStreamingMixin
 
 #: queries per offline attention block (rounded up to whole trained chunks)
 OFFLINE_BLOCK_FRAMES = 64
@@ -198,10 +199,10 @@ class NemotronBlock(FastConformerBlock):
         return self.norm_out(x)
 
 
-class NemotronEncoder(BaseEncoder):
-    """Log-mel (B, T, n_mels) → hidden (B, T', hidden_size) under the trained chunked_limited mask."""
+class NemotronEncoder(NemotronStreamingMixin, BaseEncoder):
+    """Log-mel (B, T, n_mels) → hidden (B, T', hidden_size) under the trained chunked_limited mask; cache-aware
+    streaming on the ``slot`` backend (:mod:`oasr_models_hf.fastconformer.nemotron_streaming`)."""
 
-    streaming_kind = "none"
     #: queries per offline attention block (rounded up to whole chunks)
     offline_block_frames: int = OFFLINE_BLOCK_FRAMES
 
