@@ -62,6 +62,14 @@ def oasr_register_models(register) -> None:
             converter=f"oasr_models_hf.fastconformer.nemo_convert:Nemo{kind.title()}Converter",
             description=f"NVIDIA NeMo .nemo archive, FastConformer {what}",
         )
+    register(
+        "nemo_rnnt_streaming",
+        model="oasr_models_hf.fastconformer.nemotron:NemotronAsrStreamingModel",
+        config="oasr_models_hf.fastconformer.nemotron:NemotronAsrConfig",
+        converter="oasr_models_hf.fastconformer.nemo_convert:NemoRnntStreamingConverter",
+        description="NVIDIA NeMo .nemo archive, cache-aware FastConformer RNN-T (hybrid: RNN-T head), offline "
+                    "with the trained chunked_limited mask",
+    )
     register(  # nemotron: the helper fastconformer-streaming
         "nemotron_asr_streaming",
         model="oasr_models_hf.fastconformer.nemotron:NemotronAsrStreamingModel",

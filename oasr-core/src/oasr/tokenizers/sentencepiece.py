@@ -1,8 +1,9 @@
 """``sentencepiece``: a SentencePiece model (``bpe.model``), decoded and encoded by the library itself.
 
 Specials: control pieces (``<s>``, ``</s>``), the unknown piece, user-defined pieces with the
-conventional special names (icefall's ``<blk>`` and ``<sos/eos>``), and the spec's ids.  Byte-fallback
-pieces (``<0xE4>``) decode to their bytes; an incomplete character is held back by the incremental
+conventional special names (icefall's ``<blk>`` and ``<sos/eos>``), and the spec's ids — except the
+unknown piece with ``options["show_unknown"]``: it is then text, which SentencePiece renders ``" ⁇ "``
+(as NeMo's transcripts show it).  Byte-fallback pieces (``<0xE4>``) decode to their bytes; an incomplete character is held back by the incremental
 decoder and dropped by :meth:`decode`.  Encoding upper- or lower-cases text when every cased piece of
 the model is (icefall's LibriSpeech BPE is upper case).
 """
@@ -19,7 +20,7 @@ from oasr.tokenizers.symbol_table import is_special_piece
 class SentencePieceTokenizer(Tokenizer):
     kind = "sentencepiece"
 
-    def __init__(self, model: Path | str | bytes, *, special_ids=()):
+    def __init__(self, model: Path | str | bytes, *, special_ids=(), show_unknown: bool = False):
         import sentencepiece
 
         if isinstance(model, bytes):
@@ -30,6 +31,8 @@ class SentencePieceTokenizer(Tokenizer):
         size = sp.get_piece_size()
         specials = {i for i in range(size) if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i)
                     or is_special_piece(sp.id_to_piece(i))}
+        if show_unknown:
+            specials -= {i for i in range(size) if sp.is_unknown(i)}
         super().__init__(vocab_size=size, special_ids=specials | set(special_ids))
         cased = [sp.id_to_piece(i) for i in range(size)
                  if i not in specials and not sp.is_byte(i) and sp.id_to_piece(i).lower() != sp.id_to_piece(i).upper()]
@@ -38,7 +41,8 @@ class SentencePieceTokenizer(Tokenizer):
 
     @classmethod
     def from_spec(cls, spec: Any, root: Path | str | None) -> SentencePieceTokenizer:
-        return cls(resolve_file(spec, root, ("model", "bpe_model", "sentencepiece")), special_ids=spec.special_ids)
+        return cls(resolve_file(spec, root, ("model", "bpe_model", "sentencepiece")), special_ids=spec.special_ids,
+                   show_unknown=bool(spec.options.get("show_unknown", False)))
 
     def id_to_piece(self, token_id: int) -> str:
         if not 0 <= token_id < self.vocab_size:

@@ -29,12 +29,13 @@ Weights (``model_weights.ckpt``): NeMo's module names become the Hugging Face na
 (``encoder.pre_encode.conv.N`` → ``encoder.subsampling.layers.N``, ``self_attn.linear_q`` → ``q_proj``,
 ``linear_pos`` → ``relative_k_proj``, ``pos_bias_u`` → ``bias_u``, ``conv.batch_norm`` → ``conv.norm``;
 CTC ``decoder.decoder_layers.0`` → ``ctc_head``; ``decoder.prediction.embed`` / ``dec_rnn.lstm`` →
-``decoder.embedding`` / ``decoder.lstm``; ``joint.enc`` / ``joint.pred`` / ``joint.joint_net.2`` →
+``decoder.embedding`` / ``decoder.lstm``; ``joint.enc`` / ``joint.pred`` / ``joint.joint_net``'s Linear →
 ``joint.encoder_projector`` / ``decoder_projector`` / ``head``).  The preprocessor's window and filterbank
 buffers are recomputed by the frontend and left unused; so is the head a hybrid does not run.
 
 Tokenizer: the archive's SentencePiece ``tokenizer.model`` (``tokenizer.type`` ``bpe``); the blank is the
-id after the vocabulary (the heads' last output).
+id after the vocabulary (the heads' last output).  An emitted ``<unk>`` is text (``" ⁇ "``), as in NeMo's
+transcripts.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from oasr_models_hf.fastconformer.config import (
     ParakeetRnntConfig,
     ParakeetTdtConfig,
 )
-from oasr_models_hf.fastconformer.nemo import NEMO_SUFFIX, NemoArchive, is_nemo_archive, open_archive
+from oasr_models_hf.fastconformer.nemo import NEMO_SUFFIX, NemoArchive, open_archive
 
 #: NeMo key pattern → the Hugging Face Parakeet name (applied in order; the first match renames)
 _ENCODER_RENAMES = (
@@ -69,12 +70,25 @@ _ENCODER_RENAMES = (
     (r"\.self_attn\.pos_bias_v$", ".self_attn.bias_v"),
     (r"\.conv\.batch_norm\.", ".conv.norm."),
 )
+
+
+def _causal_stage(match: re.Match) -> str:
+    """NeMo's dw_striding Sequential index → the Nemotron subsampling's stage module (0, [act,] dw, pw, act ...)."""
+    index = int(match.group(1))
+    stage, part = divmod(index - 2, 3)
+    return f"encoder.subsampling.layers.{stage}.{'depthwise_conv' if part == 0 else 'pointwise_conv'}."
+
+
+_STREAMING_RENAMES = (
+    (r"^encoder\.pre_encode\.conv\.0\.", "encoder.subsampling.conv_in."),
+    (r"^encoder\.pre_encode\.conv\.(\d+)\.", _causal_stage),
+)
 _TRANSDUCER_RENAMES = (
     (r"^decoder\.prediction\.embed\.", "decoder.embedding."),
     (r"^decoder\.prediction\.dec_rnn\.lstm\.", "decoder.lstm."),
     (r"^joint\.enc\.", "joint.encoder_projector."),
     (r"^joint\.pred\.", "joint.decoder_projector."),
-    (r"^joint\.joint_net\.2\.", "joint.head."),
+    (r"^joint\.joint_net\.\d+\.", "joint.head."),  # [activation, (dropout,) Linear]: the one with weights
 )
 _PREPROCESSOR_DEFAULTS = {"sample_rate": 16000, "window_size": 0.02, "window_stride": 0.01, "window": "hann",
                           "normalize": "per_feature", "n_fft": None, "preemph": 0.97, "features": 64,
@@ -95,6 +109,17 @@ def nemo_kind(config: dict[str, Any]) -> str:
     return "ctc" if str(decoder.get("_target_", "")).endswith("ConvASRDecoder") else "unknown"
 
 
+def cache_aware(config: dict[str, Any]) -> bool:
+    """True for NeMo's cache-aware (streaming) FastConformer: causal subsampling or a limited attention context."""
+    enc = config.get("encoder") or {}
+    return bool(enc.get("causal_downsampling")) or any(int(v) != -1 for v in _context_values(enc))
+
+
+def _context_values(enc: dict[str, Any]) -> list[int]:
+    context = enc.get("att_context_size") or [-1, -1]
+    return [int(v) for pair in context for v in (pair if isinstance(pair, list | tuple) else [pair])]
+
+
 def _section(path: Path, config: dict[str, Any], key: str) -> dict[str, Any]:
     section = config.get(key)
     if not isinstance(section, dict):
@@ -113,15 +138,14 @@ def _check_encoder(path: Path, enc: dict[str, Any]) -> None:
              ("untie_biases", True, "the position biases must be per layer (untie_biases: true)"),
              ("conv_norm_type", "batch_norm", "the convolution module's norm must be batch_norm"),
              ("feat_out", -1, "an output projection after the blocks is not implemented"),
-             ("causal_downsampling", False, "cache-aware (causal) subsampling is not implemented offline yet"))
+             ("causal_downsampling", False, "causal subsampling (cache-aware configs) is read for RNN-T archives "
+                                     "only (nemo_rnnt_streaming)"))
     for key, want, why in rules:
         if enc.get(key, want) != want:
             raise _refuse(path, f"encoder.{key}", enc[key], why)
-    context = enc.get("att_context_size") or [-1, -1]
-    flat = [v for pair in context for v in (pair if isinstance(pair, list | tuple) else [pair])]
-    if any(int(v) != -1 for v in flat):
-        raise _refuse(path, "encoder.att_context_size", context, "limited attention context (cache-aware "
-                      "streaming configs) is not implemented for .nemo archives yet")
+    if any(v != -1 for v in _context_values(enc)):
+        raise _refuse(path, "encoder.att_context_size", enc["att_context_size"], "a limited attention context "
+                      "(cache-aware configs) is read for RNN-T archives only (nemo_rnnt_streaming)")
     conv_context = enc.get("conv_context_size")
     k = int(enc.get("conv_kernel_size", 31))
     if conv_context not in (None, "None", [(k - 1) // 2, (k - 1) // 2]):
@@ -131,10 +155,37 @@ def _check_encoder(path: Path, enc: dict[str, Any]) -> None:
         raise _refuse(path, "encoder.reduction", enc["reduction"], "intermediate reduction is not implemented")
 
 
-def encoder_fields(path: Path, config: dict[str, Any]) -> dict[str, Any]:
-    """The :class:`FastConformerConfig` encoder fields of an archive's ``encoder`` section (NeMo's defaults)."""
+def _check_streaming_encoder(path: Path, enc: dict[str, Any]) -> dict[str, int]:
+    """The trained attention geometry of a cache-aware encoder section (its first, default context size)."""
+    k = int(enc.get("conv_kernel_size", 31))
+    rules = (("subsampling", "dw_striding", "only dw_striding subsampling is implemented"),
+             ("self_attention_model", "rel_pos", "only Transformer-XL rel_pos attention is implemented"),
+             ("untie_biases", True, "the position biases must be per layer (untie_biases: true)"),
+             ("feat_out", -1, "an output projection after the blocks is not implemented"),
+             ("causal_downsampling", True, "the cache-aware encoder's subsampling is causal"),
+             ("att_context_style", "chunked_limited", "the cache-aware encoder's mask is chunked_limited"),
+             ("conv_norm_type", "layer_norm", "the cache-aware encoder's convolution norm is layer_norm"))
+    for key, want, why in rules:
+        if enc.get(key, want if key != "att_context_style" else "regular") != want:
+            raise _refuse(path, f"encoder.{key}", enc.get(key), why)
+    if enc.get("conv_context_size") not in ("causal", [k - 1, 0]):
+        raise _refuse(path, "encoder.conv_context_size", enc.get("conv_context_size"),
+                      "the cache-aware encoder's convolutions are causal")
+    context = enc.get("att_context_size") or [-1, -1]
+    left, right = (int(v) for v in (context[0] if isinstance(context[0], list | tuple) else context))
+    if left < 0 or right < 0:
+        raise _refuse(path, "encoder.att_context_size", context, "a cache-aware encoder needs a limited left "
+                      "and right context")
+    return {"sliding_window": left + 1, "num_lookahead_tokens": right}
+
+
+def encoder_fields(path: Path, config: dict[str, Any], streaming: bool = False) -> dict[str, Any]:
+    """The :class:`FastConformerConfig` encoder fields of an archive's ``encoder`` section (NeMo's defaults);
+    ``streaming``: a cache-aware one, with the Nemotron encoder's ``sliding_window`` / ``num_lookahead_tokens``."""
     enc = _section(path, config, "encoder")
-    _check_encoder(path, enc)
+    geometry = _check_streaming_encoder(path, enc) if streaming else {}
+    if not streaming:
+        _check_encoder(path, enc)
     d_model = int(enc.get("d_model", 256))
     channels = int(enc.get("subsampling_conv_channels", -1))
     bias = bool(enc.get("use_bias", True))
@@ -144,7 +195,7 @@ def encoder_fields(path: Path, config: dict[str, Any]) -> dict[str, Any]:
                 conv_kernel_size=int(enc.get("conv_kernel_size", 31)),
                 subsampling_factor=int(enc.get("subsampling_factor", 4)),
                 subsampling_conv_channels=d_model if channels == -1 else channels,
-                scale_input=bool(enc.get("xscaling", True)), attention_bias=bias, convolution_bias=bias)
+                scale_input=bool(enc.get("xscaling", True)), attention_bias=bias, convolution_bias=bias, **geometry)
 
 
 def feature_spec(path: Path, config: dict[str, Any], num_mel_bins: int) -> FeatureSpec:
@@ -164,7 +215,7 @@ def feature_spec(path: Path, config: dict[str, Any], num_mel_bins: int) -> Featu
         raise _refuse(path, "preprocessor.highfreq", p["highfreq"], "the mel filters span 0 .. Nyquist")
     if abs(float(p["log_zero_guard_value"]) - 2 ** -24) > 1e-12:
         raise _refuse(path, "preprocessor.log_zero_guard_value", p["log_zero_guard_value"], "the guard is 2**-24")
-    if p["normalize"] not in ("per_feature", None, "None"):
+    if p["normalize"] not in ("per_feature", None, "None", "NA"):
         raise _refuse(path, "preprocessor.normalize", p["normalize"], "only per_feature normalization is implemented")
     if int(p["features"]) != num_mel_bins:
         raise CheckpointFormatError(f"{path}: the preprocessor makes {p['features']} mel bins, the encoder reads "
@@ -178,7 +229,7 @@ def feature_spec(path: Path, config: dict[str, Any], num_mel_bins: int) -> Featu
                        options={"n_fft": n_fft})
 
 
-def rename_keys(state: dict[str, torch.Tensor], rules: tuple[tuple[str, str], ...]) -> dict[str, torch.Tensor]:
+def rename_keys(state: dict[str, torch.Tensor], rules: tuple[tuple[str, Any], ...]) -> dict[str, torch.Tensor]:
     out = {}
     for key, value in state.items():
         for pattern, repl in rules:
@@ -197,9 +248,16 @@ class _NemoConverter(CheckpointConverter):
     expected_unused_prefixes = ("preprocessor.", "encoder.pos_enc.")
     #: the config kinds this converter claims
     kinds: ClassVar[tuple[str, ...]] = ()
+    #: True: claims only cache-aware configs; False: only the others; None: both (refusing by name what it lacks)
+    streaming: ClassVar[bool | None] = None
 
     def detect(self, path: Path) -> bool:
-        return is_nemo_archive(path) and nemo_kind(open_archive(path).config) in self.kinds
+        """A ``.nemo`` file of this converter's kinds; an unsafe or unreadable one raises, naming why."""
+        path = Path(path)
+        if path.suffix != NEMO_SUFFIX or not path.is_file():
+            return False
+        config = open_archive(path).config
+        return nemo_kind(config) in self.kinds and self.streaming in (None, cache_aware(config))
 
     def archive(self, path: Path) -> NemoArchive:
         path = Path(path)
@@ -208,7 +266,7 @@ class _NemoConverter(CheckpointConverter):
                                         f"a NeMo .nemo file)", path=path)
         return open_archive(path)
 
-    def head_renames(self, kind: str) -> tuple[tuple[str, str], ...]:
+    def head_renames(self, kind: str) -> tuple[tuple[str, Any], ...]:
         raise NotImplementedError
 
     def load_state_dict(self, path: Path) -> dict[str, torch.Tensor]:
@@ -223,7 +281,8 @@ class _NemoConverter(CheckpointConverter):
         if kind != "bpe":
             raise _refuse(archive.path, "tokenizer.type", kind, "only SentencePiece (bpe) tokenizers are read")
         model = archive.extract(str(tok.get("model_path") or tok.get("model") or "tokenizer.model"), "the SentencePiece tokenizer model")
-        return TokenizerSpec(kind="sentencepiece", files={"model": str(model)}, special_ids=(config.blank_id,))
+        return TokenizerSpec(kind="sentencepiece", files={"model": str(model)}, special_ids=(config.blank_id,),
+                             options={"show_unknown": True})
 
     def feature_spec(self, path: Path, config: FastConformerConfig) -> FeatureSpec:
         return feature_spec(Path(path), self.archive(path).config, config.num_mel_bins)
@@ -243,7 +302,7 @@ class NemoCtcConverter(_NemoConverter):
     kinds = ("ctc",)
     expected_unused_prefixes = _NemoConverter.expected_unused_prefixes + ("decoder.prediction.", "joint.")
 
-    def head_renames(self, kind: str) -> tuple[tuple[str, str], ...]:
+    def head_renames(self, kind: str) -> tuple[tuple[str, Any], ...]:
         prefix = r"^ctc_decoder\." if kind == "hybrid" else r"^decoder\."
         return ((prefix + r"decoder_layers\.0\.", "ctc_head."),)
 
@@ -261,10 +320,11 @@ class NemoRnntConverter(_NemoConverter):
 
     architecture = "nemo_rnnt"
     kinds: ClassVar[tuple[str, ...]] = ("rnnt", "hybrid")
+    streaming: ClassVar[bool | None] = False
     config_class: ClassVar[type[ParakeetRnntConfig]] = ParakeetRnntConfig
     expected_unused_prefixes = _NemoConverter.expected_unused_prefixes + ("ctc_decoder.",)
 
-    def head_renames(self, kind: str) -> tuple[tuple[str, str], ...]:
+    def head_renames(self, kind: str) -> tuple[tuple[str, Any], ...]:
         return _TRANSDUCER_RENAMES
 
     def head_fields(self, path: Path, config: dict[str, Any]) -> dict[str, Any]:
@@ -291,7 +351,8 @@ class NemoRnntConverter(_NemoConverter):
         return self.config_class(vocab_size=vocab, blank_id=vocab - 1, decoder_hidden_size=hidden,
                                  num_decoder_layers=int(prednet.get("pred_rnn_layers", 1)),
                                  joint_act=str(jointnet.get("activation", "relu")),
-                                 max_symbols_per_step=int(max_symbols), **encoder_fields(where, cfg),
+                                 max_symbols_per_step=int(max_symbols),
+                                 **encoder_fields(where, cfg, streaming=bool(self.streaming)),
                                  **self.head_fields(where, cfg))
 
     def decoding_defaults(self, path: Path, config: ParakeetRnntConfig) -> DecodingDefaults:
@@ -304,6 +365,7 @@ class NemoTdtConverter(NemoRnntConverter):
 
     architecture = "nemo_tdt"
     kinds = ("tdt",)
+    streaming = None
     config_class = ParakeetTdtConfig
 
     def head_fields(self, path: Path, config: dict[str, Any]) -> dict[str, Any]:
@@ -316,4 +378,22 @@ class NemoTdtConverter(NemoRnntConverter):
                                     f"loss.tdt_kwargs.durations or model_defaults.tdt_durations)", path=path)
 
 
-__all__ = ["NemoCtcConverter", "NemoRnntConverter", "NemoTdtConverter", "feature_spec", "nemo_kind"]
+class NemoRnntStreamingConverter(NemoRnntConverter):
+    """A cache-aware ``.nemo`` RNN-T archive (or hybrid: its RNN-T head) on the Nemotron encoder, offline with the
+    trained ``chunked_limited`` mask of the config's first (default) ``att_context_size``."""
+
+    architecture = "nemo_rnnt_streaming"
+    streaming = True
+
+    @property
+    def config_class(self):  # the Nemotron module imports only when a cache-aware archive loads
+        from oasr_models_hf.fastconformer.nemotron import NemotronAsrConfig
+
+        return NemotronAsrConfig
+
+    def head_renames(self, kind: str) -> tuple[tuple[str, Any], ...]:
+        return _TRANSDUCER_RENAMES + _STREAMING_RENAMES
+
+
+__all__ = ["NemoCtcConverter", "NemoRnntConverter", "NemoRnntStreamingConverter", "NemoTdtConverter",
+           "feature_spec", "nemo_kind"]

@@ -3,7 +3,7 @@
 ``python nemo_oracle.py KIND OUT WAV...`` builds a tiny random FastConformer model of ``KIND`` (``ctc``,
 ``rnnt``, ``tdt``, ``hybrid``, ``rnnt_cache``) from a dict config with NeMo's own classes — a SentencePiece
 tokenizer trained on a small corpus, init widened so the tokens vary (BatchNorm statistics random, a CTC head
-scaled up, a transducer joint's blank bias calibrated so blank wins about 60 % of the (frame, label) pairs) —
+scaled up, a transducer joint's blank bias calibrated so blank wins about 80 % of the (frame, label) pairs) —
 ``save_to()``s ``OUT/model.nemo``, and writes ``OUT/oracle.pt``: ``transcribe()``'s text and token ids per
 clip (each clip alone, batch size 1) and, after ``.eval()`` (``transcribe()`` leaves dropout on), NeMo's
 log-mel features and encoder output per clip.
@@ -49,8 +49,10 @@ def encoder_config(cache_aware: bool) -> dict:
            "conv_kernel_size": 9, "conv_norm_type": "batch_norm", "conv_context_size": None, "dropout": 0.0,
            "dropout_pre_encoder": 0.0, "dropout_emb": 0.0, "dropout_att": 0.0}
     if cache_aware:
-        cfg.update(causal_downsampling=True, att_context_size=[[70, 13], [70, 1]],
-                   att_context_style="chunked_limited", conv_context_size="causal")
+        # NeMo's cache-aware FastConformer recipe (the first context size is the default one), with a context
+        # short enough that both the left window (14 frames) and the chunks (7) bind on a few seconds of speech
+        cfg.update(causal_downsampling=True, att_context_size=[[14, 6], [14, 1]],
+                   att_context_style="chunked_limited", conv_context_size="causal", conv_norm_type="layer_norm")
     return cfg
 
 
@@ -79,7 +81,8 @@ def model_config(kind: str, tokdir: Path) -> dict:
                "preserve_memory": False, "fuse_loss_wer": False, "fused_batch_size": -1,
                "jointnet": {"joint_hidden": PRED, "activation": "relu", "dropout": 0.0},
                **({"num_extra_outputs": len(DURATIONS)} if tdt else {})},
-        decoding={"strategy": "greedy_batch", "greedy": {"max_symbols": 10},
+        # at most 3 labels a frame (a random joint that prefers a label at a frame keeps preferring it there)
+        decoding={"strategy": "greedy_batch", "greedy": {"max_symbols": 3},
                   **({"model_type": "tdt", "durations": DURATIONS} if tdt else {})},
         loss=({"loss_name": "tdt", "tdt_kwargs": {"durations": DURATIONS, "sigma": 0.02, "omega": 0.1}} if tdt
               else {"loss_name": "default"}),
@@ -116,11 +119,15 @@ def widen(model, kind: str) -> None:
             layer = head.decoder_layers[0]
             layer.weight.mul_(4.0)
             layer.bias.uniform_(-1.0, 1.0, generator=generator)
+        if kind == "tdt":  # TDT skips frames: the frames, not the last label or a bias, must choose the labels
+            model.joint.pred.weight.mul_(0.2)
+            model.joint.enc.weight.mul_(4.0)
+            model.joint.joint_net[-1].bias.zero_()
         if kind != "ctc":
-            calibrate_blank(model)
+            calibrate_blank(model, share=0.5 if kind == "tdt" else 0.8)
 
 
-def calibrate_blank(model, share: float = 0.6) -> None:
+def calibrate_blank(model, share: float = 0.8) -> None:
     """Raise the joint's blank bias so blank wins about ``share`` of (frame, label) pairs on normal features."""
     model.eval()
     head = model.joint.joint_net[-1]
@@ -181,6 +188,14 @@ def main(argv: list[str]) -> int:
         texts += t
         tokens += ids
         logprobs += lp
+    extra = {}
+    if kind == "hybrid":  # the auxiliary CTC head's own transcription
+        model.change_decoding_strategy(decoder_type="ctc")
+        for wav in wavs:
+            t, ids, lp = hypothesis_fields(model.transcribe([str(wav)], batch_size=1, return_hypotheses=True,
+                                                            verbose=False))
+            for key, value in (("ctc_texts", t), ("ctc_tokens", ids), ("ctc_logprobs", lp)):
+                extra.setdefault(key, []).extend(value)
     model.eval()
     feats, encoded = [], []
     with torch.no_grad():
@@ -194,7 +209,7 @@ def main(argv: list[str]) -> int:
             encoded.append(enc[0, :, : int(enc_len[0])].T.contiguous())
     keys = sorted(model.state_dict())
     torch.save({"texts": texts, "tokens": tokens, "logprobs": logprobs, "feats": feats, "encoder": encoded, "keys": keys,
-                "vocab_size": int(model.tokenizer.vocab_size)}, out / "oracle.pt")
+                "vocab_size": int(model.tokenizer.vocab_size), **extra}, out / "oracle.pt")
     return 0
 
 

@@ -1,0 +1,280 @@
+"""``.nemo`` archives built by NeMo itself (``save_to()``) against NeMo's ``transcribe()``: CTC, RNN-T, TDT and a
+hybrid RNNT+CTC model, tiny and random (init widened so the tokens vary), on espeak-ng speech.
+
+NeMo runs in its own venv (its pins clash with this one's): ``nemo_oracle.py`` builds each model, saves the
+archive and writes NeMo's text, token ids, features and encoder output, which the tests compare with OASR
+loading the archive.  A missing NeMo venv fails the tests (it is the oracle), it never skips them.  The
+archive reader's safety rules are checked on archives made here with ``tarfile``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import tarfile
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from oasr.checkpoints.loading import load_pretrained
+from oasr.engine import Engine, EngineConfig
+from oasr.errors import CheckpointFormatError, UnsupportedConfigError
+from oasr.features import FeatureConfig, extract_features_batch
+from tests.models.hf.whisper import _helpers as wh
+
+pytestmark = pytest.mark.reference
+
+REPO = Path(__file__).resolve().parents[4]
+ORACLE = Path(__file__).with_name("nemo_oracle.py")
+SENTENCES = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Please call me back when you get this message.",
+    "No.",
+    "The weather today is sunny with a light breeze and the sea is calm.",
+)
+ARCHITECTURE = {"ctc": "nemo_ctc", "rnnt": "nemo_rnnt", "tdt": "nemo_tdt", "hybrid": "nemo_rnnt",
+                "rnnt_cache": "nemo_rnnt_streaming"}
+#: log-prob gap below which float32 noise of two implementations could swap a CTC frame's argmax
+MARGIN = 1e-4
+
+
+def nemo_python() -> Path:
+    python = Path(os.environ.get("OASR_NEMO_PYTHON", REPO / ".cache" / "nemo-venv" / "bin" / "python"))
+    if not python.is_file():
+        raise AssertionError(f"NeMo's venv is missing ({python}): python -m venv .cache/nemo-venv && "
+                             f".cache/nemo-venv/bin/pip install torch==2.13.0 'nemo_toolkit[asr]' "
+                             f"(or set OASR_NEMO_PYTHON)")
+    return python
+
+
+@pytest.fixture(scope="module")
+def speech(tmp_path_factory) -> list[tuple[Path, object]]:
+    out = tmp_path_factory.mktemp("nemo_espeak")
+    return [(out / f"s{i}.wav", wh.espeak(text, out / f"s{i}.wav")) for i, text in enumerate(SENTENCES)]
+
+
+@pytest.fixture(scope="module", params=sorted(ARCHITECTURE))
+def built(request, tmp_path_factory, speech):
+    """(kind, archive path, NeMo's outputs) for one model kind, built by NeMo."""
+    kind = request.param
+    out = tmp_path_factory.mktemp(f"nemo_{kind}")
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run([str(nemo_python()), str(ORACLE), kind, str(out), *(str(p) for p, _ in speech)],
+                          capture_output=True, text=True, timeout=900, env=env, cwd=out)
+    if proc.returncode != 0:
+        raise AssertionError(f"NeMo oracle failed for {kind}:\n{proc.stderr[-4000:]}")
+    return kind, out / "model.nemo", torch.load(out / "oracle.pt", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def loaded(built):
+    kind, archive, _ = built
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no unexplained unused tensor
+        return load_pretrained(archive)
+
+
+def _features(model, audios):
+    return extract_features_batch([torch.from_numpy(a) for a in audios], FeatureConfig.from_spec(model.feature_spec))
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def test_loads_by_detection_with_the_heads_config(built, loaded):
+    kind, _, ref = built
+    assert loaded.architecture == ARCHITECTURE[kind]
+    assert loaded.load_report.missing == []
+    allowed = ("num_batches_tracked", "preprocessor.featurizer.", "ctc_decoder.")
+    assert all(k.endswith(allowed[0]) or k.startswith(allowed[1:]) for k in loaded.load_report.dropped)
+    # the blank follows the SentencePiece vocabulary
+    assert loaded.config.vocab_size == ref["vocab_size"] + 1 and loaded.config.blank_id == ref["vocab_size"]
+    assert loaded.feature_spec.kind == "nemotron_logmel" and loaded.feature_spec.normalize == "per_feature"
+    assert loaded.feature_spec.options["n_fft"] == 512 and loaded.feature_spec.dither == 0.0
+    decode = loaded.decoding_defaults
+    assert decode.decode_type == ("ctc" if kind == "ctc" else "transducer") and decode.blank_id == ref["vocab_size"]
+    if kind != "ctc":
+        assert decode.options["max_symbols"] == 3  # the archive's decoding.greedy.max_symbols
+        assert loaded.model.joiner.durations == ((0, 1, 2, 3, 4) if kind == "tdt" else ())
+
+
+def test_frontend_equals_nemo_preprocessor(built, loaded, speech):
+    _, _, ref = built
+    for (_, audio), expected in zip(speech, ref["feats"], strict=True):
+        feats, lengths = _features(loaded, [audio])
+        assert int(lengths[0]) == expected.shape[0]
+        torch.testing.assert_close(feats[0, : expected.shape[0]], expected, rtol=0, atol=1e-4)
+
+
+def test_encoder_within_1e4_relative(built, loaded, speech):
+    _, _, ref = built
+    for (_, audio), feats, expected in zip(speech, ref["feats"], ref["encoder"], strict=True):
+        with torch.no_grad():
+            hidden, lengths = loaded.model.encode_offline(feats[None], torch.tensor([feats.shape[0]]))
+            ours, our_lengths = loaded.model.encode_offline(*_features(loaded, [audio]))
+        assert int(lengths[0]) == int(our_lengths[0]) == expected.shape[0]
+        assert _relative(hidden[0], expected) < 1e-4  # NeMo's features through our encoder
+        assert _relative(ours[0], expected) < 1e-4  # and our features too
+
+
+def _check_transcripts(outputs, texts, tokens, logprobs) -> None:
+    clips = 0
+    for out, text, ids, lp in zip(outputs, texts, tokens, logprobs, strict=True):
+        if lp is not None:  # CTC: a frame whose top-2 gap is float noise may legitimately differ
+            top = lp.topk(2, dim=-1).values
+            if not bool((top[:, 0] - top[:, 1] > MARGIN).all()):
+                continue
+        assert out.tokens == ids, f"token ids differ from NeMo's for {text!r}"
+        assert out.text == text
+        clips += 1
+    assert clips >= len(texts) - 1, "too few clips were clear of near-ties to compare"
+    distinct = {t for ids in tokens for t in ids}
+    assert len(distinct) > 3, "the random model emits too few distinct tokens to test anything"
+
+
+def test_text_and_token_ids_equal_nemo_transcribe(built, loaded, speech):
+    _, _, ref = built
+    outputs = Engine(EngineConfig(max_batch_size=1), loaded=loaded).transcribe_outputs([a for _, a in speech])
+    _check_transcripts(outputs, ref["texts"], ref["tokens"], ref["logprobs"])
+
+
+def test_batched_equals_alone(built, loaded, speech):
+    audios = [a for _, a in speech]
+    alone = Engine(EngineConfig(max_batch_size=1), loaded=loaded).transcribe_outputs(audios)
+    batched = Engine(EngineConfig(max_batch_size=4, max_pad_ratio=10.0), loaded=loaded).transcribe_outputs(audios)
+    assert [o.tokens for o in alone] == [o.tokens for o in batched]
+
+
+def test_hybrid_ctc_head_by_architecture_equals_nemo_ctc_decoding(built, speech):
+    kind, archive, ref = built
+    if kind != "hybrid":
+        return  # the hybrid's CTC head exists only in the hybrid archive (checked when kind == "hybrid")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        ctc = load_pretrained(archive, architecture="nemo_ctc")
+    assert ctc.architecture == "nemo_ctc" and ctc.decoding_defaults.decode_type == "ctc"
+    outputs = Engine(EngineConfig(max_batch_size=1), loaded=ctc).transcribe_outputs([a for _, a in speech])
+    _check_transcripts(outputs, ref["ctc_texts"], ref["ctc_tokens"], ref["ctc_logprobs"])
+
+
+# -- the archive reader's safety rules and refusals -------------------------------------------------------------
+def _archive(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for info, data in members:
+            if data is not None:
+                info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return path
+
+
+def _file(name: str, data: bytes) -> tuple[tarfile.TarInfo, bytes]:
+    return tarfile.TarInfo(name), data
+
+
+def _link(name: str, target: str, hard: bool = False) -> tuple[tarfile.TarInfo, None]:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = (tarfile.LNKTYPE if hard else tarfile.SYMTYPE), target
+    return info, None
+
+
+@pytest.mark.parametrize("member", [
+    _file("../evil.txt", b"x"), _file("/etc/evil.txt", b"x"), _file("./a/../../evil.txt", b"x"),
+    _link("tokenizer.model", "/etc/passwd"), _link("tokenizer.model", "../../outside"),
+    _link("tokenizer.model", "../outside", hard=True),
+], ids=["dotdot", "absolute", "nested-dotdot", "symlink-absolute", "symlink-up", "hardlink-up"])
+def test_members_leading_outside_are_refused(tmp_path, member):
+    path = _archive(tmp_path / "bad.nemo", [_file("model_config.yaml", b"encoder: {}\n"), member])
+    with pytest.raises(CheckpointFormatError, match="outside the archive") as info:
+        load_pretrained(path)
+    assert str(path) in str(info.value)
+
+
+def test_a_device_member_is_refused(tmp_path):
+    info = tarfile.TarInfo("dev")
+    info.type = tarfile.CHRTYPE
+    path = _archive(tmp_path / "dev.nemo", [_file("model_config.yaml", b"encoder: {}\n"), (info, None)])
+    with pytest.raises(CheckpointFormatError, match="device or FIFO"):
+        load_pretrained(path)
+
+
+def test_oversized_members_are_refused(built, tmp_path, monkeypatch):
+    from oasr_models_hf.fastconformer import nemo
+
+    _, archive, _ = built
+    copy = tmp_path / "copy.nemo"
+    copy.write_bytes(archive.read_bytes())
+    monkeypatch.setattr(nemo, "MAX_SMALL_BYTES", 100)  # the config is larger
+    with pytest.raises(CheckpointFormatError, match="byte limit"):
+        load_pretrained(copy)
+
+
+def _repacked(archive: Path, out: Path, replace: dict[str, bytes]) -> Path:
+    """``archive`` with the members named in ``replace`` (by base name) given new contents."""
+    with tarfile.open(archive) as src, tarfile.open(out, "w") as dst:
+        for member in src:
+            data = src.extractfile(member).read() if member.isfile() else None
+            base = Path(member.name).name
+            if base in replace:
+                data = replace[base]
+                member.size = len(data)
+            dst.addfile(member, io.BytesIO(data) if data is not None else None)
+    return out
+
+
+def test_weights_needing_arbitrary_unpickling_are_refused(built, tmp_path):
+    import argparse
+
+    _, archive, _ = built
+    buffer = io.BytesIO()
+    torch.save({"encoder.x": torch.zeros(1), "obj": argparse.Namespace(a=1)}, buffer)  # a class: not plain data
+    bad = _repacked(archive, tmp_path / "pickled.nemo", {"model_weights.ckpt": buffer.getvalue()})
+    with pytest.raises(CheckpointFormatError, match="not a plain tensor state dict"):
+        load_pretrained(bad)
+
+
+def _with_encoder(archive: Path, out: Path, **changes) -> Path:
+    import yaml
+
+    with tarfile.open(archive) as tar:
+        member = next(m for m in tar if m.name.endswith("model_config.yaml"))
+        config = yaml.safe_load(tar.extractfile(member).read())
+    changed = dict(config, encoder=dict(config["encoder"], **changes))
+    return _repacked(archive, out, {"model_config.yaml": yaml.safe_dump(changed).encode()})
+
+
+def test_what_the_encoders_do_not_compute_is_refused_by_name(built, tmp_path):
+    kind, archive, _ = built
+    if kind == "ctc":  # no cache-aware CTC model: each cache-aware field is named
+        cases = (("att_context_size", [[70, 13], [70, 1]]), ("causal_downsampling", True),
+                 ("conv_context_size", "causal"), ("subsampling", "striding"), ("self_attention_model", "abs_pos"))
+        expected = {key: key for key, _ in cases}
+    elif kind == "rnnt":  # a limited context makes it cache-aware: then every cache-aware rule must hold
+        cases = (("att_context_size", [70, 13]), ("conv_norm_type", "group_norm"))
+        expected = {"att_context_size": "causal_downsampling", "conv_norm_type": "conv_norm_type"}
+    elif kind == "rnnt_cache":
+        cases = (("att_context_size", [-1, 6]), ("conv_context_size", [4, 4]), ("conv_norm_type", "batch_norm"))
+        expected = {key: key for key, _ in cases}
+    else:
+        return  # the same rules; checked on the ctc, rnnt and rnnt_cache archives
+    for key, value in cases:
+        bad = _with_encoder(archive, tmp_path / f"{key}.nemo", **{key: value})
+        with pytest.raises(UnsupportedConfigError, match=f"encoder.{expected[key]}="):
+            load_pretrained(bad)
+
+
+def test_a_file_that_is_not_a_tar_archive_is_named(tmp_path):
+    path = tmp_path / "broken.nemo"
+    path.write_bytes(b"not a tar archive at all" * 40)
+    with pytest.raises(CheckpointFormatError, match="not a readable .nemo archive"):
+        load_pretrained(path)
+
+
+def test_other_single_files_are_still_refused(tmp_path):
+    path = tmp_path / "weights.pt"
+    path.write_bytes(b"\x80\x04")
+    with pytest.raises(CheckpointFormatError, match="is a file; pass the checkpoint directory"):
+        load_pretrained(path)
