@@ -1,0 +1,194 @@
+"""Cache-aware streaming of the Nemotron encoder (slot backend): every chunk's encoder output equals the offline
+encoder under the same trained mask, streaming text equals offline text, 16 interleaved streams equal each alone,
+the per-stream prompt id, and the geometry preconditions refused at engine construction."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from oasr.checkpoints.loading import load_pretrained
+from oasr.engine import Engine, EngineConfig
+from oasr.engine.options import DecodingOptions
+from oasr.errors import CapabilityError
+from oasr.features import FeatureConfig, extract_features_batch
+
+pytestmark = pytest.mark.reference
+
+
+@pytest.fixture(scope="module")
+def loaded(any_dir):
+    return load_pretrained(any_dir)
+
+
+def _states(encoder, prompt=None):
+    states = {s.name: torch.full(s.shape, s.fill_value, dtype=getattr(torch, s.dtype))
+              for s in encoder.streaming_state_specs}
+    if prompt is not None:
+        states["prompt"][:] = prompt
+    return states
+
+
+def _stream_by_hand(encoder, feats: torch.Tensor, chunk: int, prompt=None) -> list[torch.Tensor]:
+    """One stream's features (T, F) chunk by chunk through forward_chunk_slots, as the executor feeds them
+    (``streaming_tail_frames`` zero frames appended); each chunk's valid hidden frames."""
+    geometry = encoder.streaming_geometry(chunk)
+    width = geometry.window_frames
+    stream = torch.cat([feats, torch.zeros(encoder.streaming_tail_frames, feats.shape[1])])
+    states, outs, offset = _states(encoder, prompt), [], 0
+    with torch.no_grad():
+        for pos in range(0, stream.shape[0], geometry.stride_frames):
+            piece = stream[pos:pos + width]
+            window = torch.zeros(1, width, feats.shape[1])
+            window[0, :piece.shape[0]] = piece
+            hidden, valid, updated = encoder.forward_chunk_slots(window, torch.tensor([piece.shape[0]]),
+                                                                 torch.tensor([offset]), states)
+            states.update(updated)
+            outs.append(hidden[0, :int(valid[0])])
+            offset += int(valid[0])
+    return outs
+
+
+def _offline(model, feats, prompt=None):
+    lens = torch.tensor([feats.shape[0]])
+    with torch.no_grad():
+        if prompt is None:
+            hidden, n = model.encode_offline(feats[None], lens)
+        else:
+            hidden, n = model.encode_offline(feats[None], lens, prompt_ids=torch.tensor([prompt]))
+    return hidden[0, :int(n[0])]
+
+
+@pytest.mark.parametrize("chunk", [2, 4, 6])
+def test_every_chunk_equals_the_offline_encoder(loaded, speech, chunk):
+    encoder = loaded.model.encoder
+    prompt = 4 if loaded.architecture == "nemotron3_5_asr" else None
+    feats, lengths = extract_features_batch([torch.from_numpy(a) for a in speech],
+                                            FeatureConfig.from_spec(loaded.feature_spec))
+    for row, n in enumerate(lengths.tolist()):
+        for cut in (n, n - 3, 37, 9):  # window-aligned and ragged ends, a stream shorter than one window
+            offline = _offline(loaded.model, feats[row, :cut], prompt)
+            chunks = _stream_by_hand(encoder, feats[row, :cut], chunk, prompt)
+            assert all(c.shape[0] == chunk for c in chunks[:-1])
+            streamed = torch.cat(chunks)
+            assert streamed.shape == offline.shape
+            err = float((streamed - offline).abs().max() / offline.abs().max())
+            assert err < 1e-4, f"clip {row} cut {cut} chunk {chunk}: relative error {err:.2e}"
+
+
+def test_a_chunk_size_off_the_trained_chunks_is_refused_at_construction(any_dir):
+    with pytest.raises(CapabilityError, match="whole number of trained attention chunks.*num_lookahead_tokens"):
+        Engine(EngineConfig(model=str(any_dir), service_mode="streaming", chunk_size=3))
+
+
+def test_state_declarations(loaded):
+    encoder = loaded.model.encoder
+    specs = {s.name: s for s in encoder.streaming_state_specs}
+    assert encoder.streaming_kind == "slot"
+    assert {"delay", "sub0", "sub1", "sub2", "kv", "conv"} <= set(specs)
+    assert specs["kv"].shape[4] == encoder.left_chunks * encoder.attention_chunk
+    assert specs["conv"].shape[2] == loaded.config.conv_kernel_size - 1
+    if loaded.architecture == "nemotron3_5_asr":
+        assert specs["prompt"].persistent and specs["prompt"].fill_value == loaded.config.default_prompt_id
+    else:
+        assert "prompt" not in specs
+
+
+def _engine(path, **kw):
+    return Engine(EngineConfig(model=str(path), service_mode="streaming", chunk_size=4, **kw))
+
+
+def test_streaming_text_equals_offline(any_dir, speech):
+    offline = Engine(EngineConfig(model=str(any_dir))).transcribe_outputs(list(speech))
+    streamed = _engine(any_dir).transcribe_outputs(list(speech), streaming=True)
+    assert sum(len(o.tokens) for o in offline) > 10
+    for a, b in zip(offline, streamed, strict=True):
+        assert a.tokens == b.tokens and a.text == b.text
+
+
+def test_sixteen_interleaved_streams_equal_each_alone(stream_dir, speech):
+    rng = np.random.default_rng(16)
+    audio = [np.concatenate([speech[i % 4], speech[(i + 1) % 4][: 1600 * (i + 1)]]) for i in range(16)]
+    engine = _engine(stream_dir, max_streams=16)
+    ids = [engine.add_streaming_request(request_id=f"s{i}") for i in range(16)]
+    pos, finals = [0] * 16, {}
+    while len(finals) < 16:
+        for i in rng.permutation(16):
+            if pos[i] < audio[i].size:
+                piece = int(rng.integers(300, 9000))
+                engine.feed_chunk(ids[i], audio[i][pos[i]: pos[i] + piece], is_last=pos[i] + piece >= audio[i].size)
+                pos[i] += piece
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out
+    alone = _engine(stream_dir, max_streams=1)
+    for i in range(16):
+        out = alone.transcribe_outputs([audio[i]], streaming=True)[0]
+        assert finals[f"s{i}"].tokens == out.tokens and len(out.tokens) > 5
+
+
+def test_each_stream_keeps_its_own_language(v35_dir, speech):
+    offline = Engine(EngineConfig(model=str(v35_dir), max_batch_size=1))
+    engine = _engine(v35_dir, max_streams=4)
+    languages = ["en", "zh", None, "zh"]
+    clips = [speech[0], speech[0], speech[3], speech[3]]
+    ids = [engine.add_streaming_request(request_id=f"s{i}", decoding=DecodingOptions(language=lang))
+           for i, lang in enumerate(languages)]
+    for rid, clip in zip(ids, clips, strict=True):
+        engine.feed_chunk(rid, clip, is_last=True)
+    finals = {}
+    while len(finals) < len(ids):
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out
+    for i, (lang, clip) in enumerate(zip(languages, clips, strict=True)):
+        ref = offline.transcribe_outputs(clip, decoding=DecodingOptions(language=lang))
+        assert finals[f"s{i}"].tokens == ref.tokens and ref.tokens
+    # the same audio under two prompts decodes differently: a stream reading another's prompt would fail above
+    assert finals["s0"].tokens != finals["s1"].tokens and finals["s2"].tokens != finals["s3"].tokens
+
+
+def test_an_unknown_language_is_refused_when_a_stream_is_added(v35_dir):
+    from oasr.errors import RequestError
+
+    engine = _engine(v35_dir, max_streams=2)
+    with pytest.raises(RequestError, match="prompt table"):
+        engine.add_streaming_request(request_id="bad", decoding=DecodingOptions(language="de"))
+
+
+def test_chunks_equal_transformers_own_cache_aware_streaming(any_dir, speech):
+    """transformers' streaming encoder (its K/V and padding caches, first chunk 1 + 8r mel frames, then 8(r + 1))
+    against ours chunk by chunk, on the frames its whole chunks produce."""
+    from transformers.cache_utils import DynamicCache
+    from transformers.models.nemotron_asr_streaming.modeling_nemotron_asr_streaming import (
+        NemotronAsrStreamingEncoderCausalConvPaddingCache,
+    )
+
+    from tests.models.hf.nemotron.conftest import load_hf
+
+    loaded = load_pretrained(any_dir)
+    hf, processor = load_hf(any_dir)
+    r = processor.default_num_lookahead_tokens
+    factor = hf.config.encoder_config.subsampling_factor
+    feats = processor.feature_extractor(speech[3], sampling_rate=16000, return_tensors="pt").input_features[0]
+    cache, padding = DynamicCache(config=hf.config.encoder_config), NemotronAsrStreamingEncoderCausalConvPaddingCache()
+    bounds = [0, 1 + factor * r]
+    while bounds[-1] + factor * (r + 1) <= feats.shape[0]:
+        bounds.append(bounds[-1] + factor * (r + 1))
+    theirs = []
+    with torch.no_grad():
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            out = hf.encoder(input_features=feats[None, a:b], cache=cache, padding_cache=padding, use_cache=True,
+                             num_lookahead_tokens=r, output_attention_mask=False)
+            theirs.append(out.last_hidden_state[0])
+    ours = torch.cat(_stream_by_hand(loaded.model.encoder, feats[:bounds[-1]], r + 1))
+    theirs = torch.cat(theirs)
+    if loaded.architecture == "nemotron3_5_asr":  # ours hands the strategy the prompted frames (default prompt)
+        one_hot = torch.nn.functional.one_hot(torch.tensor(hf.config.default_prompt_id), hf.config.num_prompts)
+        with torch.no_grad():
+            theirs = hf.prompt_projector(torch.cat([theirs, one_hot.expand(theirs.shape[0], -1).float()], -1))
+    n = theirs.shape[0]
+    assert ours.shape[0] >= n == (r + 1) * (len(bounds) - 1) > 20
+    err = float((ours[:n] - theirs).abs().max() / theirs.abs().max())
+    assert err < 1e-4, f"relative error {err:.2e}"
