@@ -82,8 +82,9 @@ def build_engine(args: argparse.Namespace):
     for name in ("language", "task", "word_timestamps"):
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
-    request, engine_options = route(values, request_fields, set(strategy_cls.supported_options), engine_fields,
-                                    method)
+    # what the strategy honours plus what the model's encoder honours itself (a prompted encoder's language)
+    honoured = set(strategy_cls.supported_options) | set(loaded.model.encoder_options)
+    request, engine_options = route(values, request_fields, honoured, engine_fields, method)
     if args.vad_filter:  # engine-level: every family takes it
         request["vad_filter"] = True
     supported = set(strategy_cls.supported_options)
