@@ -94,7 +94,9 @@ class NemotronStreamingMixin:
             raise CapabilityError(
                 f"chunk_size {chunk_size} is not a whole number of trained attention chunks: it must be a positive "
                 f"multiple of num_lookahead_tokens + 1 = {trained} (the chunked_limited mask groups absolute "
-                f"frame positions; a partial trained chunk would need keys from the future)", capability="streaming")
+                f"frame positions; a partial trained chunk would need keys from the future), e.g. "
+                f"{max(trained, chunk_size // trained * trained)} or {(max(chunk_size, 0) // trained + 1) * trained}",
+                capability="streaming")
         window = chunk_size * self.config.subsampling_factor
         if window % self.config.subsampling_factor:
             raise CapabilityError(f"the feature window {window} is not a multiple of the subsampling factor "
