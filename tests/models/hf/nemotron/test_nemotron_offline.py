@@ -257,3 +257,30 @@ def test_native_bundle_round_trip_keeps_the_folded_prompt_table(v35, speech, tmp
         a, _ = ours.model.encode_offline(feats, lengths, prompt_ids=prompt)
         b, _ = again.model.encode_offline(feats, lengths, prompt_ids=prompt)
     assert torch.equal(a, b)
+
+
+def test_offline_attention_memory_grows_with_t_not_t_squared(stream_dir):
+    """The blocked layout's position table is fixed and its scores are linear in T (a dense T x T would not)."""
+    from oasr_models_hf.fastconformer.nemotron_encoder import AttentionLayout
+
+    encoder = load_pretrained(stream_dir).model.encoder
+    chunk, left = encoder.attention_chunk, encoder.left_chunks
+    sizes = {}
+    for frames in (1000, 4000):
+        layout = AttentionLayout(frames, torch.tensor([frames]), chunk, left, 64, 32, torch.float32)
+        sizes[frames] = (layout.table.shape[0], layout.mask.numel())
+        assert layout.queries == 64 and layout.history == left * chunk
+    assert sizes[1000][0] == sizes[4000][0] == 2 * 64 + left * chunk - 1
+    assert sizes[4000][1] <= 4.1 * sizes[1000][1] < 4000 * 4000
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_audio_shorter_than_a_frame_decodes_without_error(stream_dir, speech, streaming):
+    import numpy as np
+
+    kw = dict(service_mode="streaming", chunk_size=4) if streaming else {}
+    engine = Engine(EngineConfig(model=str(stream_dir), **kw))
+    outs = engine.transcribe_outputs([np.zeros(100, dtype=np.float32), np.zeros(1000, dtype=np.float32), speech[2]],
+                                     streaming=streaming)
+    assert all(o.error is None and o.finish_reason == "stop" for o in outs)
+    assert outs[2].tokens
