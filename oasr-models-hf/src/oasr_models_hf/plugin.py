@@ -52,6 +52,22 @@ def oasr_register_models(register) -> None:
         converter="oasr_models_hf.fastconformer.convert:ParakeetCtcConverter",
         description="NVIDIA Parakeet CTC (Hugging Face parakeet_ctc): FastConformer encoder + CTC head",
     )
+    register(
+        "parakeet_rnnt",
+        model="oasr_models_hf.fastconformer.model:ParakeetRnntModel",
+        config="oasr_models_hf.fastconformer.config:ParakeetRnntConfig",
+        converter="oasr_models_hf.fastconformer.convert:ParakeetRnntConverter",
+        description="NVIDIA Parakeet RNN-T (Hugging Face parakeet_rnnt): FastConformer + LSTM predictor, "
+                    "transducer greedy decoding",
+    )
+    register(
+        "parakeet_tdt",
+        model="oasr_models_hf.fastconformer.model:ParakeetTdtModel",
+        config="oasr_models_hf.fastconformer.config:ParakeetTdtConfig",
+        converter="oasr_models_hf.fastconformer.convert:ParakeetTdtConverter",
+        description="NVIDIA Parakeet TDT (Hugging Face parakeet_tdt): FastConformer + LSTM predictor, "
+                    "token-and-duration transducer greedy decoding",
+    )
     for kind, model, what in (("ctc", "ParakeetCtc", "CTC (or a hybrid's CTC head)"),
                               ("rnnt", "ParakeetRnnt", "RNN-T (and hybrid RNNT+CTC: RNN-T head)"),
                               ("tdt", "ParakeetTdt", "TDT")):

@@ -1,8 +1,10 @@
-"""Parakeet models (Hugging Face ``parakeet_ctc``) on the FastConformer encoder.
+"""Parakeet models (Hugging Face ``parakeet_ctc``, ``parakeet_rnnt``, ``parakeet_tdt``) on the FastConformer encoder.
 
-Module names mirror transformers' ``ParakeetForCTC`` (``encoder.*``, ``ctc_head``) so its state dict loads
-1:1; the one layout change is the CTC head, a kernel-size-1 ``Conv1d`` upstream (weight (V, D, 1)) and a
-:class:`~oasr.layers.CtcProjection` here (weight (V, D)).
+Module names mirror transformers' ``ParakeetForCTC`` / ``ParakeetForRNNT`` (``encoder.*``, ``ctc_head``,
+``decoder.*``, ``joint.head``) so their state dicts load 1:1, with two layout changes: the CTC head is a
+kernel-size-1 ``Conv1d`` upstream (weight (V, D, 1)) and a :class:`~oasr.layers.CtcProjection` here (weight
+(V, D)); the transducers' ``encoder_projector`` and ``decoder.decoder_projector`` live in the joint here
+(``joint.encoder_projector``, ``joint.decoder_projector``), which applies them.
 """
 
 from __future__ import annotations
@@ -14,8 +16,14 @@ import torch
 from oasr.layers import CtcProjection, Linear
 from oasr.models.base import BaseAsrModel
 from oasr.models.specs import QuantLayout, SmoothGroup
-from oasr_models_hf.fastconformer.config import FastConformerConfig, ParakeetCtcConfig
+from oasr_models_hf.fastconformer.config import (
+    FastConformerConfig,
+    ParakeetCtcConfig,
+    ParakeetRnntConfig,
+    ParakeetTdtConfig,
+)
 from oasr_models_hf.fastconformer.encoder import FastConformerEncoder
+from oasr_models_hf.fastconformer.predictor import AdditiveJoint, LstmPredictor
 
 
 def squeeze_k1(state: dict[str, torch.Tensor], key: str) -> None:
@@ -85,4 +93,40 @@ class ParakeetCtcModel(FastConformerModel):
         return self.ctc_head(hidden), lengths
 
 
-__all__ = ["FastConformerModel", "ParakeetCtcModel"]
+class ParakeetRnntModel(FastConformerModel):
+    """Parakeet RNN-T: the encoder, an LSTM predictor and an additive joint, decoded by the core ``transducer``
+    family (greedy; the recurrent predictor state rules out beam search)."""
+
+    config_class = ParakeetRnntConfig
+    weight_renames = ((r"^encoder_projector\.", "joint.encoder_projector."),
+                      (r"^decoder\.decoder_projector\.", "joint.decoder_projector."))
+
+    def __init__(self, config: ParakeetRnntConfig):
+        super().__init__(config)
+        self.decoder = LstmPredictor(config)
+        self.joint = AdditiveJoint(config)
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return frozenset({"transducer"})
+
+    @property
+    def predictor(self) -> LstmPredictor:
+        return self.decoder
+
+    @property
+    def joiner(self) -> AdditiveJoint:
+        return self.joint
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return super().extra_repr() + f", predictor={c.num_decoder_layers}x{c.decoder_hidden_size}"
+
+
+class ParakeetTdtModel(ParakeetRnntModel):
+    """Parakeet TDT: the RNN-T network whose joint also scores the frames each step skips (``durations``)."""
+
+    config_class = ParakeetTdtConfig
+
+
+__all__ = ["FastConformerModel", "ParakeetCtcModel", "ParakeetRnntModel", "ParakeetTdtModel"]

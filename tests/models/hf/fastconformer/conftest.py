@@ -5,8 +5,11 @@ speech."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -61,6 +64,39 @@ def _randomize_batchnorm(model) -> None:
                 module.bias.uniform_(-0.2, 0.2)
 
 
+def _calibrate_blank(model, mels: int, blank_share: float = 0.6) -> None:
+    """Make a random joint label speech: center the encoder projection on random features' mean frame (the
+    frames of a random encoder share a large common part, which would pick one label everywhere), then
+    raise the blank bias so blank wins about ``blank_share`` of (frame, label) pairs — a random joint
+    otherwise emits ``max_symbols_per_step`` labels on every frame."""
+    import transformers as tf
+
+    vocab, blank = model.config.vocab_size, model.config.blank_token_id
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        feats = torch.randn(1, 400, mels, generator=generator)
+        mean = model.encoder(input_features=feats).last_hidden_state[0].mean(0)
+        model.encoder_projector.bias.copy_(-(model.encoder_projector.weight @ mean))
+        model.decoder.decoder_projector.weight.mul_(3.0)  # the label history weighs as much as the frame
+        enc = model.get_audio_features(input_features=feats[:, :160]).pooler_output[0]
+        pred = model.decoder(torch.arange(vocab)[:, None])[:, 0]
+        logits = model.joint(encoder_hidden_states=enc[:, None], decoder_hidden_states=pred[None])[..., :vocab]
+        gap = logits[..., :blank].max(-1).values - logits[..., blank]
+        model.joint.head.bias[blank] += float(gap.flatten().quantile(blank_share))
+        if isinstance(model, tf.ParakeetForTDT):
+            # transformers' generate() appends the argmax over all V + len(durations) logits: keep every
+            # duration logit below the best token logit so that argmax is the token NeMo's TDT emits
+            # duration 0 (another label at the same frame) wins about 5 % of pairs: transformers' TDT
+            # generate() has no per-frame label limit, so long runs at one frame would decode differently
+            zero = vocab + list(model.config.durations).index(0)
+            both = model.joint(encoder_hidden_states=enc[:, None], decoder_hidden_states=pred[None])
+            others = torch.cat([both[..., vocab:zero], both[..., zero + 1:]], -1).max(-1).values
+            model.joint.head.bias[zero] -= float((both[..., zero] - others).flatten().quantile(0.95))
+            both = model.joint(encoder_hidden_states=enc[:, None], decoder_hidden_states=pred[None])
+            lift = float(both[..., vocab:].max() - both[..., :vocab].max(-1).values.min())
+            model.joint.head.bias[vocab:] -= max(lift, 0.0) + 20.0
+
+
 def build_checkpoint(root: Path, shape: dict, kind: str) -> Path:
     """A random Parakeet model of ``kind`` ("ctc", "rnnt", "tdt") saved with its processor in ``root``."""
     import transformers as tf
@@ -80,13 +116,16 @@ def build_checkpoint(root: Path, shape: dict, kind: str) -> Path:
     else:
         config_cls, model_cls = ((tf.ParakeetRNNTConfig, tf.ParakeetForRNNT) if kind == "rnnt"
                                  else (tf.ParakeetTDTConfig, tf.ParakeetForTDT))
-        config = config_cls(vocab_size=vocab, blank_token_id=vocab - 1, pad_token_id=0, decoder_hidden_size=40,
-                            num_decoder_layers=2, max_symbols_per_step=10, encoder_config=encoder)
+        # pad = blank: generate() pads finished rows with it, so a row's labels are its non-blank ids; at most
+        # 3 labels a frame (a random joint that prefers a label at a frame keeps preferring it there)
+        config = config_cls(vocab_size=vocab, blank_token_id=vocab - 1, pad_token_id=vocab - 1,
+                            decoder_hidden_size=40, num_decoder_layers=2, max_symbols_per_step=3,
+                            encoder_config=encoder)
         model = model_cls(config).eval()
-        with torch.no_grad():
-            model.joint.head.weight.mul_(2.0)
         model.generation_config.decoder_start_token_id = vocab - 1
     _randomize_batchnorm(model)
+    if kind != "ctc":
+        _calibrate_blank(model, shape["num_mel_bins"])
     model.save_pretrained(root)
     tf.ParakeetProcessor(tf.ParakeetFeatureExtractor(feature_size=shape["num_mel_bins"]), tok).save_pretrained(root)
     return root
@@ -111,7 +150,25 @@ def ours_ctc(ctc_dir):
     return load_pretrained(ctc_dir)
 
 
+@pytest.fixture(scope="session", params=[f"{kind}_{shape}" for kind in ("rnnt", "tdt") for shape in sorted(SHAPES)])
+def transducer_dir(request, tmp_path_factory) -> Path:
+    kind, shape = request.param.split("_")
+    return build_checkpoint(tmp_path_factory.mktemp(f"parakeet_{request.param}"), SHAPES[shape], kind)
+
+
+def espeak(text: str, out: Path) -> np.ndarray:
+    """espeak-ng speech at 16 kHz, the same samples on every run (sox's dither seeded: ``-R``)."""
+    espeak_bin, sox_bin = shutil.which("espeak-ng"), shutil.which("sox")
+    if espeak_bin is None or sox_bin is None:
+        raise AssertionError("espeak-ng and sox are required (apt-get install -y espeak-ng sox)")
+    raw = subprocess.run([espeak_bin, "-v", "en-us", "-s", "130", "--stdout", text], check=True,
+                         capture_output=True).stdout
+    subprocess.run([sox_bin, "-R", "-t", "wav", "-", "-r", "16000", "-c", "1", "-b", "16", str(out)], input=raw,
+                   check=True, capture_output=True)
+    return wh.read_wav(out)
+
+
 @pytest.fixture(scope="session")
 def speech(tmp_path_factory) -> list:
     out = tmp_path_factory.mktemp("parakeet_espeak")
-    return [wh.espeak(text, out / f"s{i}.wav") for i, text in enumerate(SENTENCES)]
+    return [espeak(text, out / f"s{i}.wav") for i, text in enumerate(SENTENCES)]

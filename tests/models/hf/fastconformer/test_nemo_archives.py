@@ -278,3 +278,23 @@ def test_other_single_files_are_still_refused(tmp_path):
     path.write_bytes(b"\x80\x04")
     with pytest.raises(CheckpointFormatError, match="is a file; pass the checkpoint directory"):
         load_pretrained(path)
+
+
+def test_the_cache_aware_mask_is_applied_offline(built, loaded):
+    import attrs
+
+    kind, _, ref = built
+    if kind != "rnnt_cache":
+        return  # only the cache-aware archive has a trained mask (checked when kind == "rnnt_cache")
+    # att_context_size [14, 6]: 15-frame windows (the frame and 14 left), chunks of 7
+    assert (loaded.config.sliding_window, loaded.config.num_lookahead_tokens) == (15, 6)
+    # the same weights with one chunk over every clip (full attention) are far from NeMo's output
+    config = attrs.evolve(loaded.config, sliding_window=129, num_lookahead_tokens=63)
+    unmasked = type(loaded.model).from_config(config)
+    unmasked.load_state_dict(loaded.model.state_dict())
+    unmasked.eval()
+    feats, expected = ref["feats"][-1], ref["encoder"][-1]
+    assert expected.shape[0] > 2 * 15
+    with torch.no_grad():
+        hidden, _ = unmasked.encode_offline(feats[None], torch.tensor([feats.shape[0]]))
+    assert _relative(hidden[0], expected) > 1e-2

@@ -1,0 +1,96 @@
+"""NeMo's RNN-T / TDT prediction and joint networks (transformers' ``ParakeetRNNTDecoder`` and
+``ParakeetRNNTJointNetwork``) behind the core transducer contract (:mod:`oasr.models.transducer`).
+
+- :class:`LstmPredictor` (``decoder.embedding``, ``decoder.lstm``): a label's embedding through a stacked
+  LSTM.  Its state is recurrent — ``(output (B, D), h (L, B, D), c (L, B, D))`` — so
+  ``label_window_state`` is False and the core refuses beam search for it.  The start state is the LSTM
+  run once on the blank's embedding from zero (h, c), as transformers' ``generate()`` starts from
+  ``decoder_start_token_id = blank`` (NeMo's blank embedding is its zero padding row: the same thing on a
+  trained checkpoint).
+- :class:`AdditiveJoint` (``joint.*``): ``head(act(encoder_projector(h) + decoder_projector(p)))``; the two
+  projections are applied once per frame and once per predictor state.  A TDT joint's ``head`` has
+  ``len(durations)`` extra outputs, the duration logits.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from oasr.layers import LSTM, Embedding, Linear, activation_fn
+from oasr_models_hf.fastconformer.config import ParakeetRnntConfig
+
+State = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class LstmPredictor(nn.Module):
+    """The prediction network: label → embedding → stacked LSTM (a :class:`~oasr.models.transducer.TransducerPredictor`)."""
+
+    label_window_state = False
+
+    def __init__(self, config: ParakeetRnntConfig):
+        super().__init__()
+        self.blank_id = config.blank_id
+        self.embedding = Embedding(config.vocab_size, config.decoder_hidden_size)
+        self.lstm = LSTM(config.decoder_hidden_size, config.decoder_hidden_size, config.num_decoder_layers)
+
+    def _run(self, tokens: torch.Tensor, hc: tuple[torch.Tensor, torch.Tensor] | None) -> State:
+        out, (h, c) = self.lstm(self.embedding(tokens)[:, None, :], hc)
+        return out[:, 0], h, c
+
+    def init_state(self, batch_size: int, device: torch.device) -> State:
+        blank = torch.full((batch_size,), self.blank_id, dtype=torch.long, device=device)
+        return self._run(blank, None)
+
+    def predict(self, state: State) -> torch.Tensor:
+        return state[0]
+
+    def advance(self, state: State, tokens: torch.Tensor, emit: torch.Tensor) -> State:
+        rows = torch.nonzero(emit).flatten()
+        if rows.numel() == 0:
+            return state
+        out, h, c = state
+        if rows.numel() == emit.numel():
+            return self._run(tokens, (h, c))
+        new_out, new_h, new_c = self._run(tokens[rows], (h[:, rows], c[:, rows]))
+        out, h, c = out.clone(), h.clone(), c.clone()
+        out[rows], h[:, rows], c[:, rows] = new_out, new_h, new_c
+        return out, h, c
+
+    def select(self, state: State, index: torch.Tensor) -> State:
+        out, h, c = state
+        return out.index_select(0, index), h.index_select(1, index), c.index_select(1, index)
+
+    def stack_states(self, states: list[State]) -> State:
+        return (torch.cat([s[0] for s in states], 0), torch.cat([s[1] for s in states], 1),
+                torch.cat([s[2] for s in states], 1))
+
+    def unstack_states(self, state: State) -> list[State]:
+        out, h, c = state
+        return [(out[b:b + 1], h[:, b:b + 1], c[:, b:b + 1]) for b in range(out.shape[0])]
+
+
+class AdditiveJoint(nn.Module):
+    """``head(act(e + p))`` over projected encoder frames and predictor outputs (a
+    :class:`~oasr.models.transducer.TransducerJoiner`)."""
+
+    def __init__(self, config: ParakeetRnntConfig):
+        super().__init__()
+        d = config.decoder_hidden_size
+        self.durations = tuple(config.durations)
+        self.encoder_projector = Linear(config.hidden_size, d)
+        self.decoder_projector = Linear(d, d)
+        self.head = Linear(d, config.vocab_size + len(self.durations))
+        self._act = activation_fn(config.joint_act)
+
+    def project_encoder(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.encoder_projector(hidden)
+
+    def project_predictor(self, pred: torch.Tensor) -> torch.Tensor:
+        return self.decoder_projector(pred)
+
+    def joint(self, enc_proj: torch.Tensor, pred_proj: torch.Tensor) -> torch.Tensor:
+        return self.head(self._act(enc_proj + pred_proj))
+
+
+__all__ = ["AdditiveJoint", "LstmPredictor"]
