@@ -74,6 +74,35 @@ def test_a_strategy_that_reports_no_windows_yields_at_the_end(tinyctc_dir):
     assert info.seconds_done == info.duration
 
 
+def _stepping_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "oasr-transcribe-iter"]
+
+
+def test_the_stepping_thread_is_gone_when_iteration_ends(tinyctc_dir):
+    """A script that reads every segment and exits must not leave the stepping thread inside a forward."""
+    engine = Engine(EngineConfig(model=str(tinyctc_dir)))
+    segments, _ = engine.transcribe_iter(synth(1.5, 3))
+    assert list(segments)
+    assert _stepping_threads() == []
+
+
+def test_a_caller_that_stops_early_aborts_the_request_and_the_thread(tinyctc_dir):
+    engine = Engine(EngineConfig(model=str(tinyctc_dir)))
+    decode = engine.strategy.decode
+
+    def two_windows(batch):
+        batch.on_segments(0, [Segment(0, 0.0, 1.0, "first")], 1.0, "xx")
+        batch.on_segments(0, [Segment(1, 1.0, 2.0, "second")], 2.0, "xx")
+        return decode(batch)
+
+    engine.strategy.decode = two_windows
+    segments, info = engine.transcribe_iter(synth(2.0, 4))
+    assert next(segments).text == "first"
+    segments.close()  # the caller breaks out of its loop
+    assert _stepping_threads() == []
+    assert not engine.has_unfinished_requests()
+
+
 @pytest.fixture(scope="module")
 def long_speech(tmp_path_factory):
     from tests.models.hf.whisper import _helpers as h

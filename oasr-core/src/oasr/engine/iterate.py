@@ -46,8 +46,9 @@ def transcribe_iter(engine: Any, audio: Any, *, decoding: DecodingOptions | None
         finished.set()
         events.put(("done", output))
 
-    engine.add_request(samples, decoding=decoding, sample_rate=engine.sample_rate, callback=on_done,
-                       on_segments=lambda segs, done, lang: events.put(("segments", (list(segs), done, lang))))
+    request_id = engine.add_request(samples, decoding=decoding, sample_rate=engine.sample_rate, callback=on_done,
+                                    on_segments=lambda segs, done, lang: events.put(("segments", (list(segs), done,
+                                                                                                   lang))))
 
     def drive() -> None:  # the engine steps here, so segments reach the caller while later windows decode
         try:
@@ -56,7 +57,8 @@ def transcribe_iter(engine: Any, audio: Any, *, decoding: DecodingOptions | None
         except BaseException as exc:  # surfaced to the iterating caller
             events.put(("raised", exc))
 
-    threading.Thread(target=drive, name="oasr-transcribe-iter", daemon=True).start()
+    stepper = threading.Thread(target=drive, name="oasr-transcribe-iter", daemon=True)
+    stepper.start()
     first = events.get()  # the first window (or the whole request): the language is known before iteration
     if first[0] == "segments":
         info.language = first[1][2]
@@ -64,7 +66,17 @@ def transcribe_iter(engine: Any, audio: Any, *, decoding: DecodingOptions | None
         info.language = first[1].language
 
     def segments() -> Iterator[Segment]:
-        yielded, event = 0, first
+        try:
+            yield from _events(first)
+        finally:
+            # the stepping thread must be gone before the caller moves on (an interpreter exiting under a
+            # daemon thread inside a forward aborts the process): a caller that stopped early aborts the request
+            if not finished.is_set():
+                engine.abort_request(request_id)
+            stepper.join()
+
+    def _events(event: tuple[str, Any]) -> Iterator[Segment]:
+        yielded = 0
         while True:
             kind, payload = event
             if kind == "raised":
