@@ -39,6 +39,7 @@ def whisper(beckett):
         "timed": engine.transcribe_outputs(beckett, decoding=DecodingOptions(timestamps=True)),
         "words": engine.transcribe_outputs(beckett, decoding=DecodingOptions(timestamps=True, word_timestamps=True)),
         "prompted": engine.transcribe_outputs(beckett, decoding=DecodingOptions(language="en", prompt="Beckett.")),
+        "batched": engine.transcribe_outputs(beckett, decoding=DecodingOptions(batched=True)),
     }
     with serving(engine, served_model_names=(NAME,)) as server:
         yield openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=WAIT), expected
@@ -52,6 +53,18 @@ def test_real_speech(whisper, beckett):
     client, expected = whisper
     assert "ever failed" in expected["plain"].text.lower()
     assert create(client, beckett).text == expected["plain"].text
+
+
+def test_batched_form_field_selects_batched_long_form(whisper, beckett):
+    """``batched=true`` (an extension field, like ``vad_filter``) decodes as DecodingOptions(batched=True):
+    VAD chunks without previous-text conditioning, so the segments are the batched pipeline's."""
+    client, expected = whisper
+    want = expected["batched"]
+    result = create(client, beckett, response_format="verbose_json", extra_body={"batched": "true"})
+    assert result.text == want.text
+    assert [(s.start, s.end) for s in result.segments] == [(s.start, s.end) for s in want.segments]
+    assert [(s.start, s.end) for s in want.segments] != [(s.start, s.end) for s in expected["timed"].segments] or \
+        want.silences  # the batched plan differs from the sequential one: speech chunks, silences reported
 
 
 def test_verbose_json_with_words_and_segments(whisper, beckett):

@@ -209,6 +209,8 @@ class ServerState:
             kwargs["word_timestamps"] = True
         if req.vad_filter:
             kwargs["vad_filter"] = True
+        if req.batched:
+            kwargs["batched"] = True
         # timed segments for every timed format (word timings are aligned within them, whatever is shown)
         if req.response_format in ("srt", "vtt", "verbose_json") and "timestamps" in self.engine.strategy.supported_options:
             kwargs["timestamps"] = True

@@ -24,10 +24,11 @@ TRUE, FALSE = ("true", "1", "yes"), ("false", "0", "no", "")
 
 #: fields of OpenAI's create-transcription and create-translation requests this server honours
 #: (``language`` on translations is an extension: the spoken language, when the client knows it;
-#: so is ``vad_filter``: decode only the speech a voice activity detector finds, as faster-whisper)
+#: so is ``vad_filter``: decode only the speech a voice activity detector finds, as faster-whisper, and
+#: ``batched``: faster-whisper's BatchedInferencePipeline long-form, where the decode method offers it)
 FIELDS = {
     "transcribe": ("file", "model", "language", "prompt", "response_format", "temperature",
-                   "timestamp_granularities[]", "timestamp_granularities", "stream", "vad_filter"),
+                   "timestamp_granularities[]", "timestamp_granularities", "stream", "vad_filter", "batched"),
     "translate": ("file", "model", "language", "prompt", "response_format", "temperature", "vad_filter"),
 }
 #: the most text one non-file field may carry
@@ -48,6 +49,7 @@ class AudioRequest:
     granularities: tuple[str, ...] = ()
     stream: bool = False
     vad_filter: bool = False
+    batched: bool = False
 
 
 class UploadTooLarge(Exception):
@@ -169,4 +171,5 @@ async def _validate(items: list[tuple[str, Any]], *, task: str, max_upload_bytes
     return AudioRequest(task=task, audio=audio, filename=upload.filename or "", model=text.get("model") or None,
                         language=text.get("language") or None, prompt=text.get("prompt") or None, response_format=response_format, temperature=temperature,
                         granularities=tuple(dict.fromkeys(granularities)), stream=stream,
-                        vad_filter=_boolean("vad_filter", text["vad_filter"]) if "vad_filter" in text else False)
+                        vad_filter=_boolean("vad_filter", text["vad_filter"]) if "vad_filter" in text else False,
+                        batched=_boolean("batched", text["batched"]) if "batched" in text else False)
