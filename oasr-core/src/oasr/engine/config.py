@@ -82,8 +82,9 @@ class EngineConfig:
 
     # streaming
     #: the streaming chunk in the unit the model's streaming_geometry documents (WeNet Conformer: encoder
-    #: frames; icefall Zipformer: icefall's --chunk-size, 50 Hz embed frames)
-    chunk_size: int = attrs.field(default=16, validator=_Checked(v.ge(1)))
+    #: frames; icefall Zipformer: icefall's --chunk-size, 50 Hz embed frames); None: the encoder's own
+    #: ``default_chunk_size`` (the geometry its releases are published at)
+    chunk_size: int | None = attrs.field(default=None, validator=_Checked(_positive_or_none))
     #: left chunks of attention context kept per stream (-1: unlimited)
     num_left_chunks: int = -1
     max_streams: int = attrs.field(default=32, validator=_Checked(v.ge(1)))

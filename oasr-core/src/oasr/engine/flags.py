@@ -39,7 +39,8 @@ ENGINE_FLAGS: dict[str, Flag] = {
     "max_audio_seconds": Flag(("--max-audio-seconds",), "refuse longer audio"),
     "decode_method": Flag(("--decode-method",), "decode method (default: the model's)"),
     "num_threads": Flag(("--threads",), "torch intra-op threads"),
-    "chunk_size": Flag(("--chunk-size",), "streaming chunk in the model's streaming unit (WeNet: encoder frames; Zipformer: icefall's --chunk-size)"),
+    "chunk_size": Flag(("--chunk-size",), "streaming chunk in the model's streaming unit (WeNet: encoder frames; Zipformer: icefall's "
+                                          "--chunk-size; none: the model's release geometry)"),
     "num_left_chunks": Flag(("--num-left-chunks",), "left chunks of context kept per stream (-1: all)"),
     "max_streams": Flag(("--max-streams",), "streams open at once"),
     "max_stream_seconds": Flag(("--max-stream-seconds",), "longest stream"),

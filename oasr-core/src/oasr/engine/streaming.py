@@ -77,10 +77,11 @@ class StreamingExecutor:
         engine.strategy.check_streaming()
         if int(getattr(engine.feature_config, "lfr_m", 1)) != 1:
             raise CapabilityError("streaming does not support LFR-stacked features", capability="streaming")
-        encoder.prepare_streaming(config.chunk_size, config.num_left_chunks)
+        chunk_size = config.chunk_size if config.chunk_size is not None else encoder.default_chunk_size
+        encoder.prepare_streaming(chunk_size, config.num_left_chunks)
         self.kind = encoder.streaming_kind
-        self.chunk_size = config.chunk_size
-        self.geometry = encoder.streaming_geometry(config.chunk_size)
+        self.chunk_size = chunk_size
+        self.geometry = encoder.streaming_geometry(chunk_size)
         self.context = encoder.right_context + 1
         self.max_streams = config.max_streams
         self.num_left_chunks = config.num_left_chunks

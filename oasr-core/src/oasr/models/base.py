@@ -59,6 +59,9 @@ class BaseEncoder(nn.Module):
     #: the streaming chunk step can be recorded in a CUDA graph: no host synchronisation and no shape
     #: that depends on tensor values (see oasr.engine.graphs)
     supports_step_graphs: bool = False
+    #: the streaming chunk (in this encoder's ``streaming_geometry`` unit) used when
+    #: ``EngineConfig.chunk_size`` is None: the geometry the architecture's releases stream at
+    default_chunk_size: int = 16
     #: feature frames per encoder frame
     subsampling_rate: int = 1
     #: feature frames of look-ahead the subsampling front-end needs beyond a chunk

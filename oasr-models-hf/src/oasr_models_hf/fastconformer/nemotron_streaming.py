@@ -88,6 +88,11 @@ class NemotronStreamingMixin:
             return {}
         return {"prompt": float(self.prompt_hook[2](getattr(options, "language", None)))}
 
+    @property
+    def default_chunk_size(self) -> int:
+        """One trained attention chunk (num_lookahead_tokens + 1 frames): the release's own latency."""
+        return self.attention_chunk
+
     def streaming_geometry(self, chunk_size: int) -> StreamingGeometry:
         trained = self.attention_chunk
         if chunk_size <= 0 or chunk_size % trained:

@@ -82,6 +82,13 @@ def test_a_chunk_size_off_the_trained_chunks_is_refused_at_construction(any_dir)
         Engine(EngineConfig(model=str(any_dir), service_mode="streaming", chunk_size=3))
 
 
+def test_the_default_chunk_is_one_trained_chunk(any_dir, loaded):
+    """EngineConfig(chunk_size=None), the default, streams at the encoder's trained chunk, not a generic 16."""
+    engine = Engine(EngineConfig(model=str(any_dir), service_mode="streaming"))
+    assert engine._streaming.chunk_size == loaded.model.encoder.attention_chunk
+    assert loaded.model.encoder.default_chunk_size == loaded.model.encoder.attention_chunk
+
+
 def test_state_declarations(loaded):
     encoder = loaded.model.encoder
     specs = {s.name: s for s in encoder.streaming_state_specs}
