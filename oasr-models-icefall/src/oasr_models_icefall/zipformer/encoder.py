@@ -44,10 +44,17 @@ def rel_shift(pos_scores: torch.Tensor) -> torch.Tensor:
     """Position scores per relative offset (H, B, T, K + 2T - 1) → per key (H, B, T, K + T).
 
     Column j of ``pos_scores`` scores offset ``(n - 1) / 2 - j``; key s of query t (K cached keys
-    first) is column ``T - 1 - t + s``: icefall's strided view, so ``pos_scores`` must be contiguous.
+    first) is column ``T - 1 - t + s``.  Eager: icefall's strided view (no copy), so ``pos_scores``
+    must be contiguous.  Traced (``torch.onnx.export``, ``torch.jit.trace``): the same columns by a
+    gather over the traced shape, so the graph keeps a dynamic batch (a strided view bakes the
+    tracing batch's strides in); the view is the faster one eagerly (no copy).
     """
     heads, batch, time1, n = pos_scores.shape
     keys = n - time1 + 1
+    if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        index = (time1 - 1 - torch.arange(time1, device=pos_scores.device))[:, None] + \
+            torch.arange(keys, device=pos_scores.device)[None, :]
+        return pos_scores.gather(-1, index.expand(heads, batch, time1, keys))
     return pos_scores.as_strided(
         (heads, batch, time1, keys),
         (pos_scores.stride(0), pos_scores.stride(1), pos_scores.stride(2) - pos_scores.stride(3),
