@@ -128,10 +128,11 @@ class OnnxEncoder(torch.nn.Module):
         self.encoder, self.proj = model.encoder, model.joiner.encoder_proj
 
     def forward(self, x, *states):
-        from oasr_models_icefall.zipformer.streaming import streaming_forward
+        from oasr_models_icefall.zipformer.streaming import chunk_step
 
+        # OASR's chunk step: its TorchScript trace when run (CPU, no grad), the eager step when exported
         lens = torch.full_like(x[:, 0, 0], x.shape[1], dtype=torch.int64)
-        hidden, _, new = streaming_forward(self.encoder, x, lens, list(states), LEFT)
+        hidden, _, new = chunk_step(self.encoder, x, lens, list(states), LEFT)
         return (self.proj(hidden), *new)
 
 
@@ -195,29 +196,13 @@ def add_metadata(file: Path, meta: dict[str, str]) -> None:
     onnx.save(graph, str(file))
 
 
-def rel_shift_gather(pos_scores: torch.Tensor, *_: int) -> torch.Tensor:
-    """The Zipformer's relative shift as a gather: the strided view OASR uses does not export with a
-    dynamic batch (icefall's own module switches to this form when it is traced)."""
-    time1, n = pos_scores.shape[-2], pos_scores.shape[-1]
-    keys = n - time1 + 1
-    index = (time1 - 1 - torch.arange(time1))[:, None] + torch.arange(keys)[None, :]
-    return pos_scores.gather(-1, index.expand(*pos_scores.shape[:-1], keys))
-
-
 def export_onnx(model, out: Path) -> dict[str, Path]:
-
-    from oasr_models_icefall.zipformer import encoder as zipformer_encoder
 
     out.mkdir(parents=True, exist_ok=True)
     layout = cache_layout(model)
     names = [n for n, _ in layout]
     files = {"encoder": out / "encoder.onnx", "decoder": out / "decoder.onnx", "joiner": out / "joiner.onnx"}
-    strided = zipformer_encoder.rel_shift
-    zipformer_encoder.rel_shift = rel_shift_gather
-    try:
-        _export(model, files, layout, names)
-    finally:
-        zipformer_encoder.rel_shift = strided
+    _export(model, files, layout, names)
     for part, meta in sherpa_metadata(model).items():
         add_metadata(files[part], meta)
     return files
@@ -492,10 +477,12 @@ def op_counts(model, encoder_file: Path) -> str:
     import onnx
     from torch.profiler import ProfilerActivity, profile
 
-    enc = OnnxEncoder(model)
+    from oasr_models_icefall.zipformer.streaming import streaming_forward
+
     x, states = torch.zeros(1, WINDOW, 80), model.encoder.init_stream_state(1)
-    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
-        enc(x, *states)
+    lens = torch.full((1,), WINDOW, dtype=torch.int64)
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:  # the eager step
+        streaming_forward(model.encoder, x, lens, states, LEFT)
     aten = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
     nodes = len(onnx.load(str(encoder_file)).graph.node)
     return f"operators per encoder chunk: {aten} aten ops dispatched by eager torch, {nodes} ONNX graph nodes"
