@@ -291,6 +291,17 @@ class ZipformerStreaming:
         """Size the per-stream caches for ``chunk_size`` (embed frames) and its left context."""
         self.streaming_geometry(chunk_size)
         self._stream_left = self.streaming_left_context(chunk_size, num_left_chunks)
+        self.warm_chunk_step(chunk_size)
+
+    def warm_chunk_step(self, chunk_size: int) -> None:
+        """Make the chunk step's trace (:func:`traced_step`; seconds on a CPU) now, at streaming-engine
+        construction, rather than inside a stream's first chunk."""
+        device = next(self.parameters()).device
+        frames = 2 * chunk_size + WINDOW_PAD_FRAMES
+        feats = torch.zeros(1, frames, self.config.feature_dim, dtype=self._float_dtype(), device=device)
+        with torch.no_grad():
+            traced_step(self, feats, torch.tensor([frames], device=device), self.init_stream_state(1, device),
+                        self.stream_left_context)
 
     def streaming_geometry(self, chunk_size: int) -> StreamingGeometry:
         multiple = self._chunk_multiple()
