@@ -9,15 +9,20 @@ A ``.nemo`` file (see :mod:`oasr_models_hf.fastconformer.nemo`) is claimed by wh
   its RNN-T head is the default, ``architecture="nemo_ctc"`` picks its CTC head;
 - ``nemo_tdt``: an RNN-T model whose loss is ``tdt`` (or whose ``decoding.model_type`` is ``tdt``); the
   durations come from ``decoding.durations``, ``loss.tdt_kwargs.durations`` or
-  ``model_defaults.tdt_durations``, in that order.
+  ``model_defaults.tdt_durations``, in that order;
+- ``nemo_rnnt_streaming``: a cache-aware RNN-T (or hybrid) model — causal subsampling, causal convolutions
+  with ``layer_norm``, ``chunked_limited`` attention — on the Nemotron encoder: the config's first
+  ``att_context_size`` ``[left, right]`` is ``sliding_window = left + 1`` and ``num_lookahead_tokens = right``,
+  and its mask applies offline too.  (``nemo_rnnt`` claims only the other RNN-T archives.)
 
 Config mapping (NeMo's ``ConformerEncoder`` field → OASR :class:`FastConformerConfig`): ``feat_in`` →
 ``num_mel_bins``, ``d_model`` → ``hidden_size``, ``n_layers``, ``n_heads``, ``d_model * ff_expansion_factor``
 → ``intermediate_size``, ``conv_kernel_size``, ``subsampling_factor``, ``subsampling_conv_channels`` (-1:
-``d_model``), ``xscaling`` → ``scale_input``, ``use_bias`` → both biases.  What the offline encoder does not
+``d_model``), ``xscaling`` → ``scale_input``, ``use_bias`` → both biases.  What the encoders do not
 compute is refused by name: another ``subsampling`` than ``dw_striding``, another attention than ``rel_pos``,
 tied position biases, another norm than ``batch_norm``, a ``feat_out`` projection, and the cache-aware
-configs (``causal_downsampling``, a limited ``att_context_size``, a causal ``conv_context_size``).
+fields outside an RNN-T archive (``causal_downsampling``, a limited ``att_context_size``, a causal
+``conv_context_size``).
 
 The preprocessor (``AudioToMelSpectrogramPreprocessor``) becomes the ``nemotron_logmel`` FeatureSpec with
 NeMo's defaults for absent fields: 25 ms / 10 ms hann windows, n_fft 512, pre-emphasis 0.97, per-feature
