@@ -30,10 +30,12 @@ def encoder(fixtures_dir):
 def test_one_trace_equals_eager_for_every_cohort_and_short_windows(encoder):
     left = encoder.stream_left_context
     generator = torch.Generator().manual_seed(0)
+    warmed = streaming._TRACED.get(encoder, {}).get((WINDOW, left, torch.float32))
     with torch.inference_mode():
         first = torch.randn(1, WINDOW, 80, generator=generator)
         step = streaming.traced_step(encoder, first, torch.tensor([WINDOW]), encoder.init_stream_state(1), left)
         assert isinstance(step, torch.jit.ScriptModule)
+        assert warmed is step  # made by prepare_streaming (engine construction), not by the first chunk
         for batch in (1, 3, 5):
             state_eager = state_traced = encoder.init_stream_state(batch)
             for chunk in range(6):  # past the left context: the processed-length mask changes, then saturates
