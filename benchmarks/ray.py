@@ -1,7 +1,7 @@
 """Ray Data batch transcription: throughput with 1 and 2 workers (one torch thread each) and the
 scaling efficiency, on a WeNet-sized U2++ Conformer (random weights, CPU-bound).
 
-    python benchmarks/ray.py [--files 40] [--seconds 6]
+    python benchmarks/ray.py [--files 80] [--seconds 20]
 
 The peer is the same job with one worker on the same local Ray cluster, measured in the same run;
 the in-process engine (one thread, no Ray) is printed beside it to show Ray's own overhead.
@@ -31,8 +31,8 @@ machine, synth, wenet_sized_bundle = _common.machine, _common.synth, _common.wen
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--files", type=int, default=40)
-    parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--files", type=int, default=80)
+    parser.add_argument("--seconds", type=float, default=20.0)
     args = parser.parse_args()
 
     import ray

@@ -15,6 +15,7 @@ Resources: a worker reserves ``worker_cpus`` (0.9) of a logical CPU and a decode
 from __future__ import annotations
 
 import json
+import math
 import os
 import uuid
 from collections.abc import Callable, Sequence
@@ -138,6 +139,13 @@ class _Transcriber:
         return {"path": paths, "error": errors}
 
 
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
 def engine_factory(config: Any, decoding: Any, formats: Sequence[str]) -> Callable[[], WorkerParts]:
     """A worker factory for the Python API: an engine of ``config``, requests with ``decoding``."""
 
@@ -173,7 +181,11 @@ def run_job(files: list[tuple[Path, Path]], dests: list[list[Path]], factory: Ca
                  **({} if ray_address else {"num_cpus": max(workers, os.cpu_count() or 1)}))
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False
-    ds = ray.data.from_items(rows, override_num_blocks=min(len(rows), max(1, workers) * 4))
+    # longest first (file size stands in for duration), in blocks of about one batch: the workers finish
+    # together instead of one of them decoding a last block of long files while the others idle
+    rows.sort(key=lambda row: _size(row["path"]), reverse=True)
+    blocks = max(min(len(rows), max(1, workers) * 4), min(math.ceil(len(rows) / batch_size), max(1, workers) * 32))
+    ds = ray.data.from_items(rows, override_num_blocks=blocks)
     ds = ds.map(_decode, fn_kwargs={"max_seconds": max_seconds}, num_cpus=decode_cpus)
     ds = ds.map_batches(_Transcriber, fn_constructor_kwargs={"factory": factory}, batch_size=batch_size,
                         batch_format="numpy", concurrency=workers, num_cpus=worker_cpus)
