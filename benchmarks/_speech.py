@@ -82,7 +82,7 @@ def corpus_wer(refs: list[str | None], hyps: list[str]) -> float:
 def espeak(text: str, path: Path, voice: str = "en-us", rate: int = 130) -> np.ndarray:
     raw = subprocess.run(["espeak-ng", "-v", voice, "-s", str(rate), "--stdout", text], check=True,
                          capture_output=True).stdout
-    subprocess.run(["sox", "-t", "wav", "-", "-r", str(SAMPLE_RATE), "-c", "1", "-b", "16", str(path)],
+    subprocess.run(["sox", "-R", "-t", "wav", "-", "-r", str(SAMPLE_RATE), "-c", "1", "-b", "16", str(path)],
                    input=raw, check=True, capture_output=True)
     audio, _ = sf.read(str(path), dtype="float32")
     return audio

@@ -234,11 +234,10 @@ print(json.dumps({
 """
 
 
-@pytest.mark.slow
-def test_twenty_minute_recording_memory_bounded(wenet_dir, tmp_path):
-    """20 minutes of espeak sentences and silences through the WeNet model with vad_filter and a 30 s
-    segment limit, in a fresh process: the peak RSS (VmHWM, reset before each run) of the 20-minute run
-    exceeds the 5-minute run's by no more than the longer audio's own size and a fixed margin."""
+def _memory_run(model: str, tmp_path, timeout: float) -> dict:
+    """MEMORY_SCRIPT in a fresh process for ``model``: its JSON report, after the shared checks (finished,
+    20 minutes long, peak RSS growth from the 5- to the 20-minute run within the longer audio's own size
+    and a fixed margin, segments monotonic and covering every sentence)."""
     import json
     import os
     import subprocess
@@ -246,26 +245,47 @@ def test_twenty_minute_recording_memory_bounded(wenet_dir, tmp_path):
 
     from tests.helpers import REPO
 
-    proc = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, json.dumps({"model": wenet_dir, "tmp": str(tmp_path)})],
-                          capture_output=True, text=True, timeout=300, cwd=REPO,
+    proc = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, json.dumps({"model": model, "tmp": str(tmp_path)})],
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(f"\n20-minute recording: {r['long_s']:.0f} s audio in {r['long_wall']:.1f} s; peak RSS {r['peak_long_mb']:.0f} MB "
-          f"(5-minute run {r['peak_short_mb']:.0f} MB, before either {r['base_mb']:.0f} MB)")
+    print(f"\n20-minute recording ({model}): {r['long_s']:.0f} s audio in {r['long_wall']:.1f} s; peak RSS "
+          f"{r['peak_long_mb']:.0f} MB (5-minute run {r['peak_short_mb']:.0f} MB, before either {r['base_mb']:.0f} MB)")
     assert r["finish"] == "stop", r["error"]
     assert r["long_s"] >= 1200
-    # growth from 5 to 20 minutes: at most the longer audio's own extra copy plus a fixed margin
     assert r["peak_long_mb"] - r["peak_short_mb"] < (r["audio_long_mb"] - r["audio_short_mb"]) + 48
     segments = r["segments"]
-    assert all(b - a <= 30.0 + 1e-6 for a, b in segments)
-    assert all(a[1] <= b[0] for a, b in zip(segments, segments[1:], strict=False))  # monotonic, no overlap
-    spans = [(a, b) for a, b in segments] + [tuple(s) for s in r["silences"]]
-    assert sum(b - a for a, b in spans) == pytest.approx(r["long_s"], abs=0.05)  # speech + silence = everything
+    assert all(a[0] <= a[1] <= b[0] + 1e-6 for a, b in zip(segments, segments[1:], strict=False))  # monotonic
     for start, end in r["spans"]:  # every sentence is in a decoded segment
         covered = sum(max(0.0, min(b, end / RATE) - max(a, start / RATE)) for a, b in segments)
         assert covered >= 0.7 * (end - start) / RATE, (start / RATE, end / RATE)
     assert r["tokens"] > 0 and r["words"] == sorted(r["words"])
+    return r
+
+
+@pytest.mark.slow
+def test_twenty_minute_recording_memory_bounded(wenet_dir, tmp_path):
+    """20 minutes of espeak sentences and silences through the WeNet model with vad_filter and a 30 s
+    segment limit, in a fresh process: the peak RSS (VmHWM, reset before each run) of the 20-minute run
+    exceeds the 5-minute run's by no more than the longer audio's own size and a fixed margin."""
+    r = _memory_run(str(wenet_dir), tmp_path, timeout=300)
+    segments = r["segments"]
+    assert all(b - a <= 30.0 + 1e-6 for a, b in segments)
+    spans = [(a, b) for a, b in segments] + [tuple(s) for s in r["silences"]]
+    assert sum(b - a for a, b in spans) == pytest.approx(r["long_s"], abs=0.05)  # speech + silence = everything
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="issue 20, open: through Whisper the 20-minute run's peak RSS exceeds the "
+                   "5-minute run's by 413 MB (1335 vs 922 MB) where the longer audio itself is 55 MB: something in "
+                   "the Whisper long-form path grows with the recording; strict, so it fails once that is fixed")
+def test_twenty_minute_recording_through_whisper(tmp_path):
+    """The same 20-minute recording through Whisper (the embedded tiny.en, openai-style sequential long-form
+    over the VAD's speech): memory bounded the same way, segments monotonic and covering every sentence,
+    and nothing past the audio."""
+    r = _memory_run("whisper-tiny.en", tmp_path, timeout=900)
+    assert r["segments"][-1][1] <= r["long_s"] + 1e-6
 
 
 def test_transcribe_cli_vad(wenet_dir, recording, tmp_path, capsys):

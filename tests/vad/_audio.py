@@ -32,7 +32,7 @@ def espeak(text: str, out: Path, *, speed: int = 150) -> np.ndarray:
         raise AssertionError("espeak-ng and sox are required (apt-get install -y espeak-ng sox)")
     raw = subprocess.run([espeak_bin, "-v", "en-us", "-s", str(speed), "--stdout", text], check=True,
                          capture_output=True).stdout
-    subprocess.run([sox_bin, "-t", "wav", "-", "-r", str(RATE), "-c", "1", "-b", "16", str(out)], input=raw,
+    subprocess.run([sox_bin, "-R", "-t", "wav", "-", "-r", str(RATE), "-c", "1", "-b", "16", str(out)], input=raw,
                    check=True, capture_output=True)
     audio, rate = sf.read(str(out), dtype="float32")
     assert rate == RATE

@@ -140,7 +140,7 @@ def espeak(text: str, out: Path) -> np.ndarray:
         raise AssertionError("espeak-ng and sox are required (apt-get install -y espeak-ng sox)")
     raw = subprocess.run([espeak_bin, "-v", "en-us", "-s", "130", "--stdout", text], check=True,
                          capture_output=True).stdout
-    subprocess.run([sox_bin, "-t", "wav", "-", "-r", str(SAMPLE_RATE), "-c", "1", "-b", "16", str(out)],
+    subprocess.run([sox_bin, "-D", "-t", "wav", "-", "-r", str(SAMPLE_RATE), "-c", "1", "-b", "16", str(out)],
                    input=raw, check=True, capture_output=True)
     return read_wav(out)
 
