@@ -167,6 +167,11 @@ def _project(x: torch.Tensor, weight: torch.Tensor, blocks: tuple[tuple[int, int
     return out
 
 
+#: columns of :func:`reflect_rows`'s index arithmetic at a time (its int64 temporaries stay a few MB
+#: whatever the recording's length)
+REFLECT_COLUMNS = 1 << 18
+
+
 def reflect_rows(x: torch.Tensor, lengths: torch.Tensor, left: int, width: int, *,
                  repeat_edge: bool) -> torch.Tensor:
     """Each row's own samples ``x[b, :L_b]`` extended by reflection to ``width`` columns, starting
@@ -175,20 +180,17 @@ def reflect_rows(x: torch.Tensor, lengths: torch.Tensor, left: int, width: int, 
     ``repeat_edge=True`` is Kaldi's reflection (``x[-1] = x[0]``), ``False`` is ``torch.nn.functional.pad``'s
     ``reflect`` mode (``x[-1] = x[1]``).  Reflection repeats as often as needed, so short rows work.
     """
-    length = lengths.clamp_min(1)[:, None]
-    pos = torch.arange(width, device=x.device)[None, :] - left
-    if repeat_edge:
-        period = 2 * length
-        pos = torch.remainder(pos, period)
-        pos = torch.where(pos >= length, period - 1 - pos, pos)
-    else:
-        period = (2 * length - 2).clamp_min(1)
-        pos = torch.remainder(pos, period)
-        pos = torch.where(pos >= length, period - pos, pos)
-    pos = pos.clamp(max=x.shape[1] - 1) if x.shape[1] else pos.clamp(max=0)
     if x.shape[1] == 0:
         return x.new_zeros(x.shape[0], width)
-    return torch.gather(x, 1, pos.expand(x.shape[0], width))
+    length = lengths.clamp_min(1)[:, None]
+    period = 2 * length if repeat_edge else (2 * length - 2).clamp_min(1)
+    out = x.new_empty(x.shape[0], width)
+    for start in range(0, width, REFLECT_COLUMNS):
+        stop = min(start + REFLECT_COLUMNS, width)
+        pos = torch.remainder(torch.arange(start, stop, device=x.device)[None, :] - left, period)
+        pos = torch.where(pos >= length, period - 1 - pos if repeat_edge else period - pos, pos)
+        torch.gather(x, 1, pos.clamp_(max=x.shape[1] - 1).expand(x.shape[0], stop - start), out=out[:, start:stop])
+    return out
 
 
 def _tiles(counts: list[int], tile: int) -> Iterator[tuple[int, int, int, int]]:

@@ -76,10 +76,13 @@ def whisper_logmel(padded: torch.Tensor, lengths: torch.Tensor, *, num_mels: int
                           repeat_edge=False)
     stft_mel(source, count_list, out, span=n_fft, hop=hop, n_fft=n_fft, window=window, mel_weight=weight,
              mel_blocks=blocks, num_mels=num_mels, log="log10", log_eps=LOG_FLOOR)
-    valid = (torch.arange(longest)[None, :] < counts[:, None]).to(device)
-    row_max = out.masked_fill(~valid[..., None], float("-inf")).amax(dim=(1, 2), keepdim=True)
-    out = (torch.maximum(out, row_max - 8.0) + 4.0) / 4.0
-    return out.masked_fill_(~valid[..., None], 0.0), feat_lengths
+    # normalized per row in place (a long recording's log-mel is not copied): max(x, row max - 8), then
+    # (x + 4) / 4 over the row's frames; frames past them stay 0
+    for row, count in enumerate(count_list):
+        if count:
+            frames = out[row, :count]
+            frames.clamp_(min=float(frames.amax()) - 8.0).add_(4.0).div_(4.0)
+    return out, feat_lengths
 
 
 def batched_whisper_logmel(padded: torch.Tensor, lengths: torch.Tensor,
