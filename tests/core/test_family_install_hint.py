@@ -42,8 +42,10 @@ def layout_dirs(fixtures_dir, tmp_path_factory) -> dict[str, Path]:
     funasr = b.build_funasr_dir(work / "paraformer", b.paraformer_conf(b.SHAPES["small"], len(b.TOKENS)))
     ct2 = Path(mnm_file).parent / "model"
     assert (ct2 / "model.bin").is_file()
-    return {"wenet": fixtures_dir / "wenet_u2pp" / "model", "icefall": fixtures_dir / "zipformer_ctc",
-            "funasr": funasr, "hf": hf, "ct2": ct2}
+    # resolved: the loader names a directory by its real path (../shared may be a symlink)
+    paths = {"wenet": fixtures_dir / "wenet_u2pp" / "model", "icefall": fixtures_dir / "zipformer_ctc",
+             "funasr": funasr, "hf": hf, "ct2": ct2}
+    return {name: path.resolve() for name, path in paths.items()}
 
 
 def _messages(layout_dirs: dict[str, Path], *, env: dict[str, str], prelude: str = "") -> dict[str, str]:
