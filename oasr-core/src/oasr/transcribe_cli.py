@@ -157,9 +157,13 @@ def run(args: argparse.Namespace) -> int:
     counted: dict[int, float] = {}
     printed: dict[int, int] = {}
 
+    def advance(seconds: float) -> None:
+        """Move the bar by ``seconds`` of audio, never past its total (tqdm warns beyond it)."""
+        bar.update(max(0.0, min(seconds, bar.total - bar.n)))
+
     def window(index: int, segments, seconds_done: float) -> None:
         """A window of ``index`` is decoded: advance the bar, print its segments as they are final."""
-        bar.update(round(seconds_done - counted.get(index, 0.0), 3))
+        advance(seconds_done - counted.get(index, 0.0))
         counted[index] = seconds_done
         if args.verbose:
             _print_segments(files[index][0], [s for s in segments if s.text.strip()], many)
@@ -168,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
 
     def finish(index: int, output) -> None:
         source = files[index][0]
-        bar.update(round((output.duration or 0.0) - counted.get(index, 0.0), 3))
+        advance((output.duration or 0.0) - counted.get(index, 0.0))
         if output.finish_reason == "error":
             state["failures"] += 1
             bar.write(f"oasr: error: {source}: {output.error}", file=sys.stderr)
@@ -197,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
         except OasrError as exc:
             loaded.append(exc)
     total = sum(len(x) for x in loaded if not isinstance(x, OasrError)) / engine.sample_rate
-    with tqdm(total=round(total, 1), unit="s", disable=args.no_progress or args.verbose, file=sys.stderr,
+    with tqdm(total=total, unit="s", disable=args.no_progress or args.verbose, file=sys.stderr,
               bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} audio s [{elapsed}<{remaining}]") as bar:
         try:
             for index, samples in enumerate(loaded):
