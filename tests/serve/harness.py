@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -122,3 +125,44 @@ def wait_until(predicate, what: str, timeout: float = WAIT) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.01)
+
+
+class ServeProcess:
+    """A running ``oasr serve`` subprocess: its ``port``, and its ``stderr`` once it has stopped."""
+
+    def __init__(self, proc: subprocess.Popen, port: int):
+        self.proc, self.port, self.stderr = proc, port, ""
+
+
+@contextlib.contextmanager
+def oasr_serve_process(args: list[str], *, ready_seconds: float = 180.0) -> Iterator[ServeProcess]:
+    """``oasr serve ARGS --port P`` in a subprocess on a free loopback port, yielded once ``/ready`` answers
+    200; stopped with SIGTERM afterwards, and its stderr must then carry no traceback."""
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "oasr.cli", "serve", *args, "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    served = ServeProcess(proc, port)
+    try:
+        deadline = time.monotonic() + ready_seconds
+        while True:
+            assert proc.poll() is None, proc.communicate()[1]
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "oasr serve did not become ready"
+            time.sleep(0.2)
+        yield served
+        proc.send_signal(signal.SIGTERM)
+        _, served.stderr = proc.communicate(timeout=WAIT)
+        assert "Traceback" not in served.stderr, served.stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+

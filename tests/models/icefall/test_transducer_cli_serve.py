@@ -7,19 +7,15 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 
-import httpx
 import openai
 import pytest
 from websockets.asyncio.client import connect
 
 from oasr.engine import DecodingOptions, Engine, EngineConfig
-from tests.serve.harness import WAIT, serving
+from tests.serve.harness import WAIT, oasr_serve_process, serving
 from tests.serve.test_realtime import Session, chunks
 
 from .conftest import CLIPS, clip_path, refs, release_dir
@@ -100,12 +96,6 @@ def test_serve_http_answers_with_icefall_transcripts(fixtures_dir, search):
 
 
 # -- `oasr serve --streaming` on the causal release: HTTP upload + realtime WebSocket ----------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def streaming_reference(fixtures_dir) -> dict[str, str]:
     """The in-process streaming engine's transcripts, whose tokens are icefall's ``decode_one_chunk`` loop's."""
@@ -122,32 +112,11 @@ def streaming_reference(fixtures_dir) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def serve_process(fixtures_dir):
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "oasr.cli", "serve", "--model", str(release_dir(fixtures_dir, CAUSAL)),
-                             "--architecture", "transducer", "--streaming", *STREAM_FLAGS, "--max-streams", "4",
-                             "--port", str(port), "--served-model-name", "rnnt", "--no-access-log",
-                             "--log-level", "warning", "--threads", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, proc.communicate()[1]
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "oasr serve did not become ready"
-            time.sleep(0.2)
-        yield port
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=WAIT)
-        assert "Traceback" not in stderr, stderr
-        assert f"serving rnnt (transducer, transducer, streaming) on http://127.0.0.1:{port}/v1" in stderr
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    with oasr_serve_process(["--model", str(release_dir(fixtures_dir, CAUSAL)), "--architecture", "transducer",
+                             "--streaming", *STREAM_FLAGS, "--max-streams", "4", "--served-model-name", "rnnt",
+                             "--no-access-log", "--log-level", "warning", "--threads", "1"]) as served:
+        yield served.port
+    assert f"serving rnnt (transducer, transducer, streaming) on http://127.0.0.1:{served.port}/v1" in served.stderr
 
 
 def test_oasr_serve_streaming_http_upload(fixtures_dir, serve_process, streaming_reference):

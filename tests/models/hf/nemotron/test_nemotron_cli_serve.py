@@ -6,13 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
-import socket
-import subprocess
-import sys
-import time
 
-import httpx
 import numpy as np
 import openai
 import pytest
@@ -23,7 +17,7 @@ from oasr.cli import main
 from oasr.engine import DecodingOptions, Engine, EngineConfig
 from tests.models.hf.nemotron.conftest import load_hf
 from tests.models.hf.nemotron.test_nemotron_offline import _generate
-from tests.serve.harness import WAIT, serving, wav_bytes
+from tests.serve.harness import WAIT, oasr_serve_process, serving, wav_bytes
 from tests.serve.test_realtime import Session, chunks
 
 pytestmark = pytest.mark.reference
@@ -72,12 +66,6 @@ def test_oasr_serve_answers_each_request_in_its_language(v35_dir, speech):
 
 
 # -- `oasr serve --streaming` on a streaming Nemotron directory ----------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def streaming_reference(stream_dir, wavs) -> dict[str, str]:
     """The in-process streaming engine's transcripts (equal to offline, tested in test_nemotron_streaming)."""
@@ -93,31 +81,10 @@ def streaming_reference(stream_dir, wavs) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def serve_process(stream_dir):
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "oasr.cli", "serve", "--model", str(stream_dir), "--streaming",
-                             *STREAM_FLAGS, "--port", str(port), "--served-model-name", "nemotron",
-                             "--no-access-log", "--log-level", "warning", "--threads", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, proc.communicate()[1]
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "oasr serve did not become ready"
-            time.sleep(0.2)
-        yield port
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=WAIT)
-        assert "Traceback" not in stderr, stderr
-        assert "streaming) on http://127.0.0.1:" in stderr
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    with oasr_serve_process(["--model", str(stream_dir), "--streaming", *STREAM_FLAGS, "--served-model-name",
+                             "nemotron", "--no-access-log", "--log-level", "warning", "--threads", "1"]) as served:
+        yield served.port
+    assert "streaming) on http://127.0.0.1:" in served.stderr
 
 
 def test_oasr_serve_streaming_http_upload(serve_process, wavs, streaming_reference):
