@@ -23,7 +23,7 @@ from oasr_models_hf.fastconformer.config import (
     ParakeetTdtConfig,
 )
 from oasr_models_hf.fastconformer.encoder import FastConformerEncoder
-from oasr_models_hf.fastconformer.predictor import AdditiveJoint, LstmPredictor
+from oasr_models_hf.fastconformer.predictor import LstmTransducerHeads
 
 
 def squeeze_k1(state: dict[str, torch.Tensor], key: str) -> None:
@@ -93,30 +93,15 @@ class ParakeetCtcModel(FastConformerModel):
         return self.ctc_head(hidden), lengths
 
 
-class ParakeetRnntModel(FastConformerModel):
+class ParakeetRnntModel(LstmTransducerHeads, FastConformerModel):
     """Parakeet RNN-T: the encoder, an LSTM predictor and an additive joint, decoded by the core ``transducer``
     family (greedy; the recurrent predictor state rules out beam search)."""
 
     config_class = ParakeetRnntConfig
-    weight_renames = ((r"^encoder_projector\.", "joint.encoder_projector."),
-                      (r"^decoder\.decoder_projector\.", "joint.decoder_projector."))
 
     def __init__(self, config: ParakeetRnntConfig):
         super().__init__(config)
-        self.decoder = LstmPredictor(config)
-        self.joint = AdditiveJoint(config)
-
-    @property
-    def capabilities(self) -> frozenset[str]:
-        return frozenset({"transducer"})
-
-    @property
-    def predictor(self) -> LstmPredictor:
-        return self.decoder
-
-    @property
-    def joiner(self) -> AdditiveJoint:
-        return self.joint
+        self._build_heads(config)
 
     def extra_repr(self) -> str:
         c = self.config

@@ -42,7 +42,7 @@ from oasr_models_hf.fastconformer.convert import (
 )
 from oasr_models_hf.fastconformer.model import FastConformerModel
 from oasr_models_hf.fastconformer.nemotron_encoder import NemotronEncoder
-from oasr_models_hf.fastconformer.predictor import AdditiveJoint, LstmPredictor
+from oasr_models_hf.fastconformer.predictor import LstmTransducerHeads
 from oasr_models_hf.lasr.convert import read_json
 
 
@@ -122,33 +122,18 @@ class NemotronPromptProjector(nn.Module):
         return self.linear_2(self.act(self.linear_1(hidden) + rows[:, None, :].to(hidden.dtype)))
 
 
-class NemotronAsrStreamingModel(BaseAsrModel):
+class NemotronAsrStreamingModel(LstmTransducerHeads, BaseAsrModel):
     """``nemotron_asr_streaming``: encoder, LSTM predictor and additive joint (transformers'
     ``NemotronAsrStreamingForRNNT``; ``encoder_projector`` / ``decoder.decoder_projector`` live in the joint)."""
 
     config_class = NemotronAsrConfig
-    weight_renames = ((r"^encoder_projector\.", "joint.encoder_projector."),
-                      (r"^decoder\.decoder_projector\.", "joint.decoder_projector."))
     #: the trained window bounds attention, and offline attention runs in blocks: memory grows with T
     max_segment_seconds = None
 
     def __init__(self, config: NemotronAsrConfig):
         super().__init__(config)
         self.encoder = NemotronEncoder(config)
-        self.decoder = LstmPredictor(config)
-        self.joint = AdditiveJoint(config)
-
-    @property
-    def capabilities(self) -> frozenset[str]:
-        return frozenset({"transducer"})
-
-    @property
-    def predictor(self) -> LstmPredictor:
-        return self.decoder
-
-    @property
-    def joiner(self) -> AdditiveJoint:
-        return self.joint
+        self._build_heads(config)
 
     def encode_offline(self, feats: torch.Tensor, feat_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.encoder(feats, feat_lens)

@@ -94,3 +94,29 @@ class AdditiveJoint(nn.Module):
 
 
 __all__ = ["AdditiveJoint", "LstmPredictor"]
+
+
+class LstmTransducerHeads:
+    """The RNN-T heads of transformers' Parakeet / Nemotron models as a model mixin: the LSTM predictor at
+    ``decoder``, the additive joint at ``joint`` (``encoder_projector`` / ``decoder.decoder_projector`` are
+    the joint's in this layout), exposed to the core ``transducer`` family as ``predictor`` / ``joiner``."""
+
+    weight_renames = ((r"^encoder_projector\.", "joint.encoder_projector."),
+                      (r"^decoder\.decoder_projector\.", "joint.decoder_projector."))
+
+    def _build_heads(self, config) -> None:
+        self.decoder = LstmPredictor(config)
+        self.joint = AdditiveJoint(config)
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return frozenset({"transducer"})
+
+    @property
+    def predictor(self) -> LstmPredictor:
+        return self.decoder
+
+    @property
+    def joiner(self) -> AdditiveJoint:
+        return self.joint
+
