@@ -166,3 +166,32 @@ def oasr_serve_process(args: list[str], *, ready_seconds: float = 180.0) -> Iter
             proc.kill()
             proc.communicate()
 
+
+def check_transcribe_cli_equals_engine(model_dir: Path, samples: np.ndarray, tmp_path: Path, capsys) -> None:
+    """``oasr transcribe WAV --model DIR -f json`` prints the in-process engine's text for ``samples`` (16 kHz)."""
+    import json
+
+    from oasr.cli import main
+
+    wav = tmp_path / "clip.wav"
+    sf.write(wav, samples, 16000)
+    expected = Engine(EngineConfig(model=str(model_dir))).transcribe_outputs(str(wav))
+    assert expected.text
+    code = main(["transcribe", str(wav), "--model", str(model_dir), "-f", "json", "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert json.loads(captured.out)["text"] == expected.text
+
+
+def check_served_text_equals_engine(model_dir: Path, samples: np.ndarray, name: str) -> None:
+    """The served model ``name`` answers the openai SDK with the in-process engine's text for ``samples``."""
+    import openai
+
+    engine = Engine(EngineConfig(model=str(model_dir)))
+    audio = wav_bytes((samples * 32767).astype("int16"))
+    expected = engine.transcribe_outputs(audio)
+    with serving(engine, served_model_names=(name,)) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=WAIT)
+        result = client.audio.transcriptions.create(file=("clip.wav", audio), model=name)
+    assert expected.text and result.text == expected.text
+

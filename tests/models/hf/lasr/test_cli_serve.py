@@ -2,32 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
-import openai
-import soundfile as sf
-
-from oasr.cli import main
-from oasr.engine import Engine, EngineConfig
-from tests.serve.harness import WAIT, serving, wav_bytes
+from tests.serve.harness import check_served_text_equals_engine, check_transcribe_cli_equals_engine
 
 
 def test_oasr_transcribe_runs_medasr(lasr_dir, speech, tmp_path, capsys):
-    wav = tmp_path / "clip.wav"
-    sf.write(wav, speech[1], 16000)
-    expected = Engine(EngineConfig(model=str(lasr_dir))).transcribe_outputs(str(wav))
-    assert expected.text
-    code = main(["transcribe", str(wav), "--model", str(lasr_dir), "-f", "json", "--no-progress"])
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    assert json.loads(captured.out)["text"] == expected.text
+    check_transcribe_cli_equals_engine(lasr_dir, speech[1], tmp_path, capsys)
 
 
 def test_oasr_serve_runs_medasr(lasr_dir, speech):
-    engine = Engine(EngineConfig(model=str(lasr_dir)))
-    audio = wav_bytes((speech[0] * 32767).astype("int16"))
-    expected = engine.transcribe_outputs(audio)
-    with serving(engine, served_model_names=("medasr",)) as server:
-        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=WAIT)
-        result = client.audio.transcriptions.create(file=("clip.wav", audio), model="medasr")
-    assert expected.text and result.text == expected.text
+    check_served_text_equals_engine(lasr_dir, speech[0], "medasr")
