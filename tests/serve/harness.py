@@ -195,3 +195,34 @@ def check_served_text_equals_engine(model_dir: Path, samples: np.ndarray, name: 
         result = client.audio.transcriptions.create(file=("clip.wav", audio), model=name)
     assert expected.text and result.text == expected.text
 
+
+def check_realtime_transcripts(port: int, audio: dict[str, np.ndarray], expected: dict[str, str]) -> None:
+    """One realtime WebSocket session per int16 16 kHz clip of ``audio``, all at once, on the ``oasr serve`` at
+    ``port``: each session's completed transcript equals ``expected[name]`` and its deltas join into it."""
+    import asyncio
+
+    from websockets.asyncio.client import connect
+
+    from tests.serve.test_realtime import Session, chunks
+
+    async def one(samples: np.ndarray):
+        async with connect(f"ws://127.0.0.1:{port}/v1/realtime", open_timeout=WAIT) as ws:
+            s = Session(ws)
+            assert (await s.recv())["type"] == "session.created"
+            await s.send("session.update", session={"type": "transcription", "audio": {"input": {
+                "format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None}}})
+            assert (await s.recv())["type"] == "session.updated"
+            for chunk in chunks(np.asarray(samples), 16000, 0.1):
+                await s.send("input_audio_buffer.append", audio=chunk)
+            await s.send("input_audio_buffer.commit")
+            return await s.until("conversation.item.input_audio_transcription.completed")
+
+    async def all_sessions():
+        return await asyncio.wait_for(asyncio.gather(*(one(samples) for samples in audio.values())), 4 * WAIT)
+
+    for name, events in zip(audio, asyncio.run(all_sessions()), strict=True):
+        completed = events[-1]
+        deltas = [e["delta"] for e in events if e["type"].endswith(".delta")]
+        assert completed["transcript"] == expected[name]
+        assert deltas and "".join(deltas).strip() == completed["transcript"].strip()
+

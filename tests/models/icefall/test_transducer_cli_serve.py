@@ -4,7 +4,6 @@ the streaming engine with the causal release), each checked against icefall's ow
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import subprocess
@@ -12,11 +11,9 @@ import sys
 
 import openai
 import pytest
-from websockets.asyncio.client import connect
 
 from oasr.engine import DecodingOptions, Engine, EngineConfig
-from tests.serve.harness import WAIT, oasr_serve_process, serving
-from tests.serve.test_realtime import Session, chunks
+from tests.serve.harness import WAIT, check_realtime_transcripts, oasr_serve_process, serving
 
 from .conftest import CLIPS, clip_path, refs, release_dir
 
@@ -138,26 +135,7 @@ def _pcm16(fixtures_dir, clip: str):
 
 
 def test_oasr_serve_realtime_websocket_streams_icefall_hypotheses(fixtures_dir, serve_process, streaming_reference):
-    async def one(clip: str):
-        async with connect(f"ws://127.0.0.1:{serve_process}/v1/realtime", open_timeout=WAIT) as ws:
-            s = Session(ws)
-            assert (await s.recv())["type"] == "session.created"
-            await s.send("session.update", session={"type": "transcription", "audio": {"input": {
-                "format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None}}})
-            assert (await s.recv())["type"] == "session.updated"
-            for chunk in chunks(_pcm16(fixtures_dir, clip), 16000, 0.1):
-                await s.send("input_audio_buffer.append", audio=chunk)
-            await s.send("input_audio_buffer.commit")
-            return await s.until("conversation.item.input_audio_transcription.completed")
-
-    async def both():
-        return await asyncio.wait_for(asyncio.gather(*(one(clip) for clip in CLIPS)), 4 * WAIT)
-
-    for clip, events in zip(CLIPS, asyncio.run(both()), strict=True):
-        completed = events[-1]
-        deltas = [e["delta"] for e in events if e["type"].endswith(".delta")]
-        assert completed["transcript"] == streaming_reference[clip]
-        assert deltas and "".join(deltas).strip() == completed["transcript"].strip()
+    check_realtime_transcripts(serve_process, {clip: _pcm16(fixtures_dir, clip) for clip in CLIPS}, streaming_reference)
 
 
 def test_a_non_causal_transducer_is_refused_by_the_streaming_engine(fixtures_dir):

@@ -4,21 +4,17 @@ WebSocket) on a streaming Nemotron directory against the in-process streaming en
 
 from __future__ import annotations
 
-import asyncio
 import json
 
-import numpy as np
 import openai
 import pytest
 import soundfile as sf
-from websockets.asyncio.client import connect
 
 from oasr.cli import main
 from oasr.engine import DecodingOptions, Engine, EngineConfig
 from tests.models.hf.nemotron.conftest import load_hf
 from tests.models.hf.nemotron.test_nemotron_offline import _generate
-from tests.serve.harness import WAIT, oasr_serve_process, serving, wav_bytes
-from tests.serve.test_realtime import Session, chunks
+from tests.serve.harness import WAIT, check_realtime_transcripts, oasr_serve_process, serving, wav_bytes
 
 pytestmark = pytest.mark.reference
 STREAM_FLAGS = ("--chunk-size", "4", "--max-streams", "4")
@@ -97,24 +93,5 @@ def test_oasr_serve_streaming_http_upload(serve_process, wavs, streaming_referen
 
 
 def test_oasr_serve_realtime_websocket_streams_the_engines_hypotheses(serve_process, wavs, streaming_reference):
-    async def one(wav):
-        samples, _ = sf.read(wav, dtype="int16")
-        async with connect(f"ws://127.0.0.1:{serve_process}/v1/realtime", open_timeout=WAIT) as ws:
-            s = Session(ws)
-            assert (await s.recv())["type"] == "session.created"
-            await s.send("session.update", session={"type": "transcription", "audio": {"input": {
-                "format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None}}})
-            assert (await s.recv())["type"] == "session.updated"
-            for chunk in chunks(np.asarray(samples), 16000, 0.1):
-                await s.send("input_audio_buffer.append", audio=chunk)
-            await s.send("input_audio_buffer.commit")
-            return await s.until("conversation.item.input_audio_transcription.completed")
-
-    async def both():
-        return await asyncio.wait_for(asyncio.gather(*(one(wav) for wav in wavs)), 4 * WAIT)
-
-    for wav, events in zip(wavs, asyncio.run(both()), strict=True):
-        completed = events[-1]
-        deltas = [e["delta"] for e in events if e["type"].endswith(".delta")]
-        assert completed["transcript"] == streaming_reference[wav.name]
-        assert deltas and "".join(deltas).strip() == completed["transcript"].strip()
+    audio = {wav.name: sf.read(wav, dtype="int16")[0] for wav in wavs}
+    check_realtime_transcripts(serve_process, audio, streaming_reference)
