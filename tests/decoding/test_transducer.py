@@ -436,9 +436,15 @@ def _stream(strategy, model, feats, lengths, options, split):
     return [s.final([], strategy.frame_seconds()) for s in searches]
 
 
-@pytest.mark.parametrize("case", ["greedy1", "greedy3", "lstm", "beam", "hotwords", "tdt"])
+@pytest.mark.parametrize("case", ["greedy1", "greedy3", "lstm", "beam", "hotwords", "tdt", "tdt_beam"])
 def test_streaming_in_chunks_equals_offline(case):
-    if case == "tdt":
+    if case == "tdt_beam":  # NeMo's TDT beam search over a recurrent predictor, blank 0
+        model = ToyTransducerModel(ToyTransducerConfig(feat_dim=6, vocab=7, recurrent=True, durations=(0, 1, 2, 3)))
+        with torch.no_grad():
+            model.joiner.out.weight.mul_(0.5)
+        feats = frames_of(7, 3, 13, dtype=torch.float32)
+        lengths = [13, 8, 11]
+    elif case == "tdt":
         model = ScriptedModel(durations=(0, 1, 2, 3))
         feats = torch.stack([scripted_rows(TDT_ROWS + TDT_ROWS[:4], 7, (0, 1, 2, 3))] * 2)
         lengths = [13, 9]
@@ -450,7 +456,7 @@ def test_streaming_in_chunks_equals_offline(case):
         lengths = [13, 8, 11]
     options = TransducerOptions(max_symbols=3 if case in ("greedy3", "tdt") else 1)
     strategy = strategy_for(model, options)
-    if case == "beam":
+    if case in ("beam", "tdt_beam"):
         opts = [DecodingOptions(beam_size=4, n_best=3)] * len(lengths)
     elif case == "hotwords":
         opts = [DecodingOptions(hotwords=("bd",))] * len(lengths)
@@ -509,7 +515,7 @@ def test_beam_is_refused_for_a_recurrent_predictor_at_construction_and_admission
         BeamRows(model.predictor, model.joiner, 1, "cpu", blank_id=0)
 
 
-def test_n_best_above_the_beam_and_bad_hotwords_and_tdt_beam_are_refused():
+def test_n_best_above_the_beam_and_bad_hotwords_and_tdt_hotwords_are_refused():
     strategy = strategy_for(ToyTransducerModel(ToyTransducerConfig()))
     strategy.validate(DecodingOptions(n_best=4))
     with pytest.raises(RequestError, match="n_best=5 exceeds the beam size 4") as err:
@@ -521,8 +527,12 @@ def test_n_best_above_the_beam_and_bad_hotwords_and_tdt_beam_are_refused():
     with pytest.raises(RequestError, match="cannot honour"):
         strategy.validate(DecodingOptions(language="en"))
     tdt = strategy_for(ScriptedModel(durations=(0, 1, 2)))
-    with pytest.raises(RequestError, match="TDT durations is not implemented"):
-        tdt.validate(DecodingOptions(beam_size=4))
+    tdt.validate(DecodingOptions(beam_size=4, n_best=2))  # TDT beam search: any predictor
+    with pytest.raises(RequestError, match="hotwords .* not supported by TDT beam search") as err:
+        tdt.validate(DecodingOptions(hotwords=("bd",)))
+    assert err.value.param == "hotwords"
+    with pytest.raises(ConfigError, match="TDT durations"):  # the modified beam search itself still refuses them
+        BeamRows(*toy(durations=(0, 1, 2)), 1, "cpu", blank_id=0)
     with pytest.raises(ConfigError, match="n_best"):
         pred, joiner = toy()
         transducer_modified_beam_search(pred, joiner, torch.zeros(1, 2, 16, dtype=F64), [2], blank_id=0,

@@ -1,4 +1,4 @@
-"""The ``transducer`` decode strategy: greedy or modified beam search over a predictor and a joiner.
+"""The ``transducer`` decode strategy: greedy or beam search over a predictor and a joiner.
 
 Offline it runs the encoder (``encode_offline``), projects every frame once
 (``joiner.project_encoder``) and searches the batch (rows finish independently).  Streaming it
@@ -6,7 +6,10 @@ projects each chunk's hidden states once for all streams of the chunk and advanc
 search by its rows.  The model contract is :mod:`oasr.models.transducer`.
 
 Which search a request gets: greedy unless the engine option ``search`` is ``"modified_beam"`` or the
-request asks ``beam_size > 1``, ``n_best > 1`` or hotwords.  Checkpoint defaults
+request asks ``beam_size > 1``, ``n_best > 1`` or hotwords.  The beam search is icefall's modified beam
+search (:mod:`oasr.decoding.transducer`, label-window predictors, hotwords) for an RNN-T joint, and
+NeMo's TDT beam search (:mod:`oasr.decoding.tdt_beam`, any predictor, no hotwords) for a joint with
+duration logits.  Checkpoint defaults
 (``DecodingDefaults.options``: ``unk_id``, ``max_symbols``, ``beam_size``, ``hotword_score``,
 ``search``) stand in for options the engine configuration leaves unset.
 """
@@ -31,7 +34,7 @@ DEFAULTS = {"search": "greedy", "beam_size": 4, "max_symbols": 1, "hotword_score
 @attrs.define
 class TransducerOptions:
     #: "greedy" or "modified_beam" (None: the checkpoint's, else greedy); a request asking
-    #: beam_size > 1, n_best > 1 or hotwords gets modified beam search
+    #: beam_size > 1, n_best > 1 or hotwords gets beam search (a TDT joint: NeMo's TDT beam search)
     search: Literal["greedy", "modified_beam"] | None = None
     #: beam of modified beam search (None: the checkpoint's, else 4)
     beam_size: int | None = None
@@ -87,13 +90,16 @@ class TransducerDecodeStrategy(DecodeStrategy):
         return TransducerOptions(**values)
 
     # -- admission ------------------------------------------------------------------------------------
+    def _tdt(self) -> bool:
+        return bool(getattr(self.joiner, "durations", ()))
+
     def _beam_refusal(self) -> str | None:
-        """Why modified beam search cannot run on this model (None: it can)."""
+        """Why beam search cannot run on this model (None: it can)."""
+        if self._tdt():
+            return None  # TDT beam search keeps one predictor state per label sequence: any predictor
         if not getattr(self.predictor, "label_window_state", False):
             return (f"{type(self.predictor).__name__} keeps a recurrent state (label_window_state is False), and "
                     f"modified beam search needs a label-window state; decode it greedily (beam_size 1)")
-        if getattr(self.joiner, "durations", ()):
-            return "modified beam search over TDT durations is not implemented; decode it greedily (beam_size 1)"
         return None
 
     def validate(self, options, request_id=None) -> None:
@@ -113,6 +119,9 @@ class TransducerDecodeStrategy(DecodeStrategy):
                          else "hotwords" if options.hotwords else "beam_size")
                 raise RequestError(f"beam search (beam_size > 1, n_best > 1 or hotwords) is refused: {reason}",
                                    request_id=request_id, param=param)
+        if options.hotwords and self._tdt():
+            raise RequestError("hotwords (context biasing) are not supported by TDT beam search; leave hotwords "
+                               "unset for this TDT model", request_id=request_id, param="hotwords")
         if options.hotwords:
             try:
                 self._hotword_ids(options.hotwords)
@@ -163,6 +172,7 @@ class TransducerDecodeStrategy(DecodeStrategy):
 
     def search(self, enc_proj: torch.Tensor, lengths: torch.Tensor, options_list) -> list[Hypothesis]:
         """Search each row of the projected frames by its own options (rows asking the same search run batched)."""
+        from oasr.decoding.tdt_beam import tdt_beam_search
         from oasr.decoding.transducer import transducer_greedy_search, transducer_modified_beam_search
 
         results: list[Hypothesis | None] = [None] * len(options_list)
@@ -179,11 +189,15 @@ class TransducerDecodeStrategy(DecodeStrategy):
             if self._beam(o):
                 groups.setdefault((self._beam_size(o), o.n_best, o.hotwords), []).append(i)
         for (beam, n_best, hotwords), rows in groups.items():
-            context = self.context_graph(hotwords) if hotwords else None
             index = torch.tensor(rows, dtype=torch.long, device=enc_proj.device)
-            nbests = transducer_modified_beam_search(self.predictor, self.joiner, enc_proj[index], lengths[rows],
-                                                     blank_id=self.blank_id, unk_id=self.unk_id, beam_size=beam,
-                                                     n_best=n_best, context=context)
+            if self._tdt():
+                nbests = tdt_beam_search(self.predictor, self.joiner, enc_proj[index], lengths[rows],
+                                         blank_id=self.blank_id, beam_size=beam, n_best=n_best)
+            else:
+                context = self.context_graph(hotwords) if hotwords else None
+                nbests = transducer_modified_beam_search(self.predictor, self.joiner, enc_proj[index],
+                                                         lengths[rows], blank_id=self.blank_id, unk_id=self.unk_id,
+                                                         beam_size=beam, n_best=n_best, context=context)
             for i, nbest in zip(rows, nbests, strict=True):
                 results[i] = with_nbest(nbest)
         frame = self.frame_seconds()
@@ -217,20 +231,26 @@ def with_nbest(nbest: list[Hypothesis]) -> Hypothesis:
 
 
 class TransducerStreamSearch:
-    """One stream's greedy or modified beam search, fed projected frames chunk by chunk; its result after
+    """One stream's greedy or beam search, fed projected frames chunk by chunk; its result after
     the last chunk equals the offline search of the concatenated frames."""
 
     keeps_hidden = False
 
     def __init__(self, strategy: TransducerDecodeStrategy, options):
+        from oasr.decoding.tdt_beam import TdtBeamRows
         from oasr.decoding.transducer import BeamRows, GreedyRows
 
         self.strategy = strategy
         self.options = options
         device = strategy.ctx.device
-        if strategy._beam(options):
+        if strategy._beam(options) and strategy._tdt():
+            self.beam: BeamRows | TdtBeamRows | None = TdtBeamRows(
+                strategy.predictor, strategy.joiner, 1, device, blank_id=strategy.blank_id,
+                beam_size=strategy._beam_size(options))
+            self.greedy = None
+        elif strategy._beam(options):
             context = strategy.context_graph(options.hotwords) if options.hotwords else None
-            self.beam: BeamRows | None = BeamRows(strategy.predictor, strategy.joiner, 1, device,
+            self.beam = BeamRows(strategy.predictor, strategy.joiner, 1, device,
                                                   blank_id=strategy.blank_id, unk_id=strategy.unk_id,
                                                   beam_size=strategy._beam_size(options), context=context)
             self.greedy = None
