@@ -1,26 +1,37 @@
-"""Parakeet CTC offline throughput: OASR's ``parakeet_ctc`` vs transformers' ``ParakeetForCTC``, in one process.
+"""Parakeet CTC / TDT offline throughput: OASR vs transformers vs sherpa-onnx on NeMo's ONNX export, one process.
 
-A random Parakeet CTC of parakeet-ctc-110m's dimensions (FastConformer: 17 layers, hidden 512, 8 heads,
-feed-forward 2048, depthwise kernel 9, 8x subsampling with 256 channels, 80 mels; vocabulary 1024 + blank)
-is built and saved by transformers with its processor; OASR loads the same directory.  Both transcribe the
-same ``--clips`` non-stationary clips of 2 to 12 s (mixed lengths), greedily:
+NeMo itself (its own venv, ``.cache/nemo-venv``, through ``benchmarks/fastconformer_nemo.py``) builds a random
+FastConformer of parakeet-ctc-110m's dimensions (17 × 512, 8 heads, FF 2048, depthwise kernel 9, 8× subsampling
+with 256 channels, 80 mels, SentencePiece vocabulary 1024 + blank), as CTC and as TDT (parakeet-tdt_ctc-110m's
+transducer: 2-layer LSTM predictor 640, joint 640, durations 0..4), ``save_to()``s the ``.nemo`` archive and
+exports NeMo's ONNX graphs of the same weights.  The three systems then run the same weights:
 
-- OASR: ``Engine.transcribe_outputs`` (features, encoder, CTC search, detokenizer), all clips at once
-  (length-bucketed batches of up to ``--batch`` clips) and one clip per call;
-- transformers: ``ParakeetProcessor`` + ``generate()`` + ``batch_decode``, batches of ``--batch`` clips in
-  the same length order (padded, with the attention mask) and one clip per call.
+- OASR loads the ``.nemo`` archive: ``Engine.transcribe_outputs`` (features, encoder, greedy search,
+  detokenizer), all clips at once (length-bucketed batches of up to ``--batch``) and one clip per call;
+- transformers: ``ParakeetForCTC`` / ``ParakeetForTDT`` built from the same dimensions, holding the archive's
+  weights under transformers' names (OASR's ``.nemo`` converter renames them; the load is strict), with
+  ``ParakeetFeatureExtractor`` + ``generate()`` + ``batch_decode``, padded batches of ``--batch`` in the same
+  length order, and one clip per call;
+- sherpa-onnx (onnxruntime) on NeMo's ONNX export with sherpa-onnx's NeMo metadata: ``OfflineRecognizer``
+  ``from_nemo_ctc`` / ``from_transducer(model_type="nemo_transducer")``, ``decode_streams`` over batches of
+  ``--batch`` streams, and ``decode_stream`` one clip per call.
 
-One intra-op thread each; the systems take turns for ``--repeats`` rounds (one clip per call: clip by clip,
-alternating) and each keeps its best.  Prints
-seconds, the real-time factor and transformers' time over OASR's per mode, the share of clips whose token
-ids agree, and the machine.  sherpa-onnx on NeMo's ONNX export (issue 16's third peer) is not run here.
-Usage: ``python benchmarks/fastconformer.py [--clips 20] [--batch 8] [--repeats 2]``.
+Each system computes its own features from the audio.  One intra-op thread each; ``--repeats`` rounds, the
+systems take turns (one clip per call: clip by clip, rotating), each keeps its best.  Prints seconds, the
+real-time factor and each peer's time over OASR's per mode, the share of clips whose token ids equal OASR's per
+peer (the check that all three hold the same weights), and the machine.  ``--work DIR`` keeps NeMo's models
+between runs (built once, about 1.5 min each).  Needs ``onnx`` in the NeMo venv
+(``.cache/nemo-venv/bin/pip install onnx``) and ``sherpa-onnx`` in this one (``pip install sherpa-onnx``).
+Usage: ``python benchmarks/fastconformer.py [--model ctc,tdt] [--clips 20] [--batch 8] [--repeats 2]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -33,117 +44,198 @@ import torch  # noqa: E402
 from _common import machine, synth  # noqa: E402
 
 torch.set_num_threads(1)
-ENCODER = dict(hidden_size=512, num_hidden_layers=17, num_attention_heads=8, intermediate_size=2048,
-               conv_kernel_size=9, subsampling_conv_channels=256, num_mel_bins=80, dropout=0.0, layerdrop=0.0,
-               activation_dropout=0.0, attention_dropout=0.0)
-PIECES = 1024
+HERE = Path(__file__).resolve().parent
+NEMO_PYTHON = Path(os.environ.get("OASR_NEMO_PYTHON", HERE.parent / ".cache" / "nemo-venv" / "bin" / "python"))
+SYSTEMS = ("OASR", "transformers", "sherpa-onnx")
 
 
-def build(root: Path) -> Path:
+def nemo_model(kind: str, root: Path) -> Path:
+    """NeMo's random ``kind`` model (``.nemo`` + ONNX export) under ``root/kind``, built once."""
+    out = root / kind
+    if not (out / "model.nemo").is_file() or not (out / "tokens.txt").is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        subprocess.run([str(NEMO_PYTHON), str(HERE / "fastconformer_nemo.py"), kind, str(out)], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    return out
+
+
+def hf_model(kind: str, out: Path, loaded):
+    """transformers' model of ``kind`` with the archive's weights (strict load) and its processor."""
+    import transformers as tf
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import (
-        ParakeetCTCConfig,
-        ParakeetFeatureExtractor,
-        ParakeetForCTC,
-        ParakeetProcessor,
-        ParakeetTokenizer,
-    )
 
-    pieces = [("<unk>", 0.0)] + [(f"▁w{i}", -1.0 - i * 1e-3) for i in range(1, PIECES)]
-    backend = Tokenizer(models.Unigram(pieces, unk_id=0))
+    from oasr_models_hf.fastconformer.nemo_convert import NemoCtcConverter, NemoTdtConverter
+
+    cfg = loaded.model.config
+    encoder = dict(hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_hidden_layers,
+                   num_attention_heads=cfg.num_attention_heads, intermediate_size=cfg.intermediate_size,
+                   conv_kernel_size=cfg.conv_kernel_size, subsampling_conv_channels=cfg.subsampling_conv_channels,
+                   num_mel_bins=cfg.num_mel_bins, scale_input=cfg.scale_input, dropout=0.0, layerdrop=0.0,
+                   activation_dropout=0.0, attention_dropout=0.0)
+    vocab = cfg.vocab_size
+    if kind == "ctc":
+        model = tf.ParakeetForCTC(tf.ParakeetCTCConfig(vocab_size=vocab, pad_token_id=vocab - 1,
+                                                       encoder_config=encoder))
+        state = NemoCtcConverter().load_state_dict(out / "model.nemo")
+    else:
+        model = tf.ParakeetForTDT(tf.ParakeetTDTConfig(
+            vocab_size=vocab, blank_token_id=vocab - 1, pad_token_id=vocab - 1,
+            decoder_hidden_size=cfg.decoder_hidden_size, num_decoder_layers=2, max_symbols_per_step=10,
+            durations=list(cfg.tdt_durations), encoder_config=encoder))
+        model.generation_config.decoder_start_token_id = vocab - 1
+        state = NemoTdtConverter().load_state_dict(out / "model.nemo")
+        # the converter's names are OASR's, whose joint holds transformers' two projectors
+        moved = {"joint.encoder_projector.": "encoder_projector.", "joint.decoder_projector.": "decoder.decoder_projector."}
+        state = {next((new + k[len(old):] for old, new in moved.items() if k.startswith(old)), k): v
+                 for k, v in state.items()}
+    own = model.state_dict()
+    state = {k: v for k, v in state.items() if k in own or not k.startswith("preprocessor.")}
+    model.load_state_dict(state, strict=True)
+    pieces = [line.rsplit(" ", 1)[0] for line in (out / "tokens.txt").read_text().splitlines()]
+    backend = Tokenizer(models.Unigram([(p, -1.0) for p in pieces], unk_id=0))
     backend.pre_tokenizer, backend.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
-    tokenizer = ParakeetTokenizer(tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>")
-    torch.manual_seed(0)
-    model = ParakeetForCTC(ParakeetCTCConfig(vocab_size=PIECES + 1, pad_token_id=PIECES,
-                                             encoder_config=ENCODER)).eval()
-    with torch.no_grad():  # like a trained model, most frames are blank
-        model.ctc_head.bias[PIECES] += 4.0
-    model.save_pretrained(root)
-    ParakeetProcessor(ParakeetFeatureExtractor(feature_size=80), tokenizer).save_pretrained(root)
-    return root
+    tokenizer = tf.ParakeetTokenizer(tokenizer_object=backend, unk_token=pieces[0], pad_token=pieces[-1])
+    processor = tf.ParakeetProcessor(tf.ParakeetFeatureExtractor(feature_size=cfg.num_mel_bins), tokenizer)
+    return model.eval(), processor
 
 
-def run_oasr(engine, clips, alone: bool):
-    if alone:
-        return [engine.transcribe_outputs(c).tokens for c in clips]
+def sherpa_model(kind: str, out: Path):
+    import sherpa_onnx
+
+    tokens = str(out / "tokens.txt")
+    common = dict(tokens=tokens, num_threads=1, sample_rate=16000, feature_dim=80, decoding_method="greedy_search")
+    if kind == "ctc":
+        return sherpa_onnx.OfflineRecognizer.from_nemo_ctc(model=str(out / "model.onnx"), **common)
+    return sherpa_onnx.OfflineRecognizer.from_transducer(
+        encoder=str(out / "encoder.onnx"), decoder=str(out / "decoder.onnx"), joiner=str(out / "joiner.onnx"),
+        model_type="nemo_transducer", **common)
+
+
+def run_oasr(engine, clips):
     return [o.tokens for o in engine.transcribe_outputs(list(clips))]
 
 
-def run_hf(model, processor, clips, batch: int):
+def run_hf(kind: str, model, processor, clips, batch: int):
+    blank = model.config.pad_token_id
     out = []
     for i in range(0, len(clips), batch):
         inputs = processor(clips[i:i + batch], sampling_rate=16000, return_tensors="pt")
+        extra = {}
+        if kind != "ctc":  # room for every label: transformers' TDT generate() has no per-frame limit
+            frames = int(model.encoder._get_subsampling_output_length(inputs.attention_mask.sum(-1)).max())
+            extra = dict(max_new_tokens=(model.config.max_symbols_per_step + 1) * frames + 2)
         with torch.no_grad():
-            ids = model.generate(**inputs)
-        processor.batch_decode(ids, skip_special_tokens=True)
-        blank = model.config.pad_token_id
-        for row in ids.tolist():
-            tokens, prev = [], None
-            for t in row:
-                if t != prev and t != blank:
-                    tokens.append(t)
-                prev = t
-            out.append(tokens)
+            ids = model.generate(**inputs, **extra)
+        sequences = ids.sequences if hasattr(ids, "sequences") else ids
+        processor.batch_decode(sequences, skip_special_tokens=True)
+        for row in sequences.tolist():
+            if kind == "ctc":
+                row = [t for j, t in enumerate(row) if j == 0 or t != row[j - 1]]
+            out.append([t for t in (row if kind == "ctc" else row[1:]) if t != blank])
     return out
+
+
+def run_sherpa(recognizer, ids: dict, clips, batch: int):
+    out = []
+    for i in range(0, len(clips), batch):
+        streams = []
+        for clip in clips[i:i + batch]:
+            stream = recognizer.create_stream()
+            stream.accept_waveform(16000, clip)
+            streams.append(stream)
+        if len(streams) == 1:
+            recognizer.decode_stream(streams[0])
+        else:
+            recognizer.decode_streams(streams)
+        out += [[ids[t] for t in s.result.tokens] for s in streams]
+    return out
+
+
+def measure(kind: str, out: Path, clips, args) -> tuple[dict, dict]:
+    from oasr.checkpoints.loading import load_pretrained
+    from oasr.engine import Engine, EngineConfig
+
+    loaded = load_pretrained(out / "model.nemo")
+    hf, processor = hf_model(kind, out, loaded)
+    recognizer = sherpa_model(kind, out)
+    # sherpa-onnx reports each piece's text, its word-start mark as a space
+    ids = {line.rsplit(" ", 1)[0].replace("\u2581", " "): int(line.rsplit(" ", 1)[1])
+           for line in (out / "tokens.txt").read_text().splitlines()}
+    batched = Engine(EngineConfig(max_batch_size=args.batch, max_pad_ratio=10.0), loaded=loaded)
+    single = Engine(EngineConfig(max_batch_size=1), loaded=loaded)
+    by_length = sorted(clips, key=len)
+    runs = {
+        "OASR": (lambda cs: run_oasr(batched, cs), lambda c: run_oasr(single, [c])),
+        "transformers": (lambda cs: run_hf(kind, hf, processor, cs, args.batch),
+                         lambda c: run_hf(kind, hf, processor, [c], 1)),
+        "sherpa-onnx": (lambda cs: run_sherpa(recognizer, ids, cs, args.batch),
+                        lambda c: run_sherpa(recognizer, ids, [c], 1)),
+    }
+    best: dict = {}
+    tokens: dict = {}
+    for round_ in range(args.repeats):
+        order = SYSTEMS[round_ % 3:] + SYSTEMS[:round_ % 3]
+        for system in order:
+            t0 = time.perf_counter()
+            tokens[(system, "batched")] = runs[system][0](by_length)
+            best[(system, "batched")] = min(best.get((system, "batched"), float("inf")), time.perf_counter() - t0)
+        spent = dict.fromkeys(SYSTEMS, 0.0)
+        alone: dict = {s: [] for s in SYSTEMS}
+        for n, clip in enumerate(by_length):  # clip by clip, rotating, so a co-tenant's load falls on all three
+            for system in SYSTEMS[n % 3:] + SYSTEMS[:n % 3]:
+                t0 = time.perf_counter()
+                alone[system] += runs[system][1](clip)
+                spent[system] += time.perf_counter() - t0
+        for system in SYSTEMS:
+            tokens[(system, "alone")] = alone[system]
+            best[(system, "alone")] = min(best.get((system, "alone"), float("inf")), spent[system])
+    return best, tokens
+
+
+def agreement(ours: list, theirs: list) -> str:
+    same = sum(a == b for a, b in zip(ours, theirs, strict=True))
+    ratio = sum(difflib.SequenceMatcher(a=a, b=b).ratio() for a, b in zip(ours, theirs, strict=True)) / len(ours)
+    return f"{same}/{len(ours)} clips equal, token similarity {ratio:.3f}"
+
+
+def report(kind: str, best: dict, tokens: dict, args, audio_seconds: float) -> None:
+    name = {"ctc": "Parakeet CTC", "tdt": "Parakeet TDT"}[kind]
+    print(f"\n{name} 110M-sized (NeMo-built, random weights), {args.clips} clips, {audio_seconds:.1f} s of audio, "
+          f"batches of {args.batch}; best of {args.repeats}")
+    print(f"{'system':<14}{'mode':<10}{'seconds':>10}{'RTF':>10}{'peer / OASR':>14}")
+    for mode in ("batched", "alone"):
+        for system in SYSTEMS:
+            seconds = best[(system, mode)]
+            ratio = f"{seconds / best[('OASR', mode)]:.2f}x" if system != "OASR" else ""
+            print(f"{system:<14}{mode:<10}{seconds:>10.2f}{seconds / audio_seconds:>10.4f}{ratio:>14}")
+    for mode in ("batched", "alone"):
+        for peer in SYSTEMS[1:]:
+            print(f"token ids vs OASR ({mode}, {peer}): "
+                  f"{agreement(tokens[('OASR', mode)], tokens[(peer, mode)])}")
+    emitted = sum(len(t) for t in tokens[("OASR", "alone")])
+    print(f"OASR emitted {emitted} tokens over {args.clips} clips")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="ctc,tdt", help="comma-separated: ctc, tdt")
     parser.add_argument("--clips", type=int, default=20)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--work", type=Path, default=None, help="keep NeMo's models here between runs")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-
-    from transformers import AutoProcessor, ParakeetForCTC
-
-    from oasr.checkpoints.loading import load_pretrained
-    from oasr.engine import Engine, EngineConfig
-
+    if not NEMO_PYTHON.is_file():
+        sys.exit(f"NeMo's venv is missing ({NEMO_PYTHON}): python -m venv .cache/nemo-venv && "
+                 f".cache/nemo-venv/bin/pip install torch==2.13.0 'nemo_toolkit[asr]' onnx")
     lengths = [2.0 + 10.0 * ((i * 7) % args.clips) / max(args.clips - 1, 1) for i in range(args.clips)]
     clips = [synth(s, seed=i) for i, s in enumerate(lengths)]
-    by_length = sorted(clips, key=len)
     audio_seconds = sum(len(c) for c in clips) / 16000
     with tempfile.TemporaryDirectory() as tmp:
-        root = build(Path(tmp) / "parakeet")
-        hf = ParakeetForCTC.from_pretrained(root).eval()
-        processor = AutoProcessor.from_pretrained(root)
-        loaded = load_pretrained(root)
-        batched = Engine(EngineConfig(max_batch_size=args.batch, max_pad_ratio=10.0), loaded=loaded)
-        single = Engine(EngineConfig(max_batch_size=1), loaded=loaded)
-        systems = {
-            ("OASR", "batched"): lambda: run_oasr(batched, by_length, alone=False),
-            ("transformers", "batched"): lambda: run_hf(hf, processor, by_length, args.batch),
-        }
-        best: dict = {}
-        tokens: dict = {}
-        for _ in range(args.repeats):
-            for key, fn in systems.items():
-                t0 = time.perf_counter()
-                tokens[key] = fn()
-                best[key] = min(best.get(key, float("inf")), time.perf_counter() - t0)
-            # one clip per call: the two systems alternate clip by clip, so a co-tenant's load falls on both
-            spent = {"OASR": 0.0, "transformers": 0.0}
-            alone = {"OASR": [], "transformers": []}
-            for clip in by_length:
-                for system, fn in (("OASR", lambda c: run_oasr(single, [c], alone=True)),
-                                   ("transformers", lambda c: run_hf(hf, processor, [c], 1))):
-                    t0 = time.perf_counter()
-                    alone[system] += fn(clip)
-                    spent[system] += time.perf_counter() - t0
-            for system in spent:
-                tokens[(system, "alone")] = alone[system]
-                best[(system, "alone")] = min(best.get((system, "alone"), float("inf")), spent[system])
-    print(f"Parakeet CTC 110M-sized (random weights), {args.clips} clips, {audio_seconds:.1f} s of audio, "
-          f"batches of {args.batch}; best of {args.repeats}")
-    print(f"{'system':<14}{'mode':<10}{'seconds':>10}{'RTF':>10}{'transformers / OASR':>22}")
-    for (system, mode), seconds in best.items():
-        ratio = best[("transformers", mode)] / best[("OASR", mode)]
-        print(f"{system:<14}{mode:<10}{seconds:>10.2f}{seconds / audio_seconds:>10.4f}"
-              f"{(f'{ratio:.2f}x' if system == 'OASR' else ''):>22}")
-    for mode in ("batched", "alone"):
-        same = sum(a == b for a, b in zip(tokens[("OASR", mode)], tokens[("transformers", mode)], strict=True))
-        print(f"token ids equal ({mode}): {same}/{args.clips} clips")
+        root = args.work or Path(tmp)
+        for kind in args.model.split(","):
+            best, tokens = measure(kind, nemo_model(kind, root), clips, args)
+            report(kind, best, tokens, args, audio_seconds)
     print(f"machine: {machine()}")
 
 
