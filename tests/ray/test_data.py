@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+import soundfile as sf
 
 from oasr.engine import Engine, EngineConfig
 from oasr.engine.formats import render
@@ -36,10 +37,18 @@ def test_a_data_job_equals_in_process_transcription_and_resumes(ray_cluster, cor
                                  progress=False)
     assert summary.ok and len(summary.transcribed) == 42 and summary.skipped == []
     assert _written(out) == in_process
+    # each file's timing: its batch ran on one of the two workers after that worker's engine was built,
+    # and the audio duration reported is the file's
+    assert sorted(summary.timings) == sorted(summary.transcribed)
+    for path, timing in summary.timings.items():
+        assert timing.spawned <= timing.ready <= timing.started <= timing.finished
+        assert timing.seconds == pytest.approx(sf.info(path).duration, abs=1 / 16000)
+    assert 1 <= len({t.worker for t in summary.timings.values()}) <= 2
     # a rerun finds every file finished and redoes nothing
     (out / "a" / "clip00.json").unlink()
     again = transcribe_dataset([corpus], out, model=str(wenet_model), formats=["json"], workers=1, progress=False)
     assert len(again.skipped) == 41 and [p.rsplit("/", 1)[-1] for p in again.transcribed] == ["clip00.wav"]
+    assert list(again.timings) == again.transcribed
     assert _written(out) == in_process
 
 
@@ -83,6 +92,7 @@ def test_a_worker_killed_mid_job_loses_and_duplicates_nothing(ray_cluster, corpu
     killer.join(5)
     assert killed, "no worker was running to be killed"
     assert summary.ok and sorted(summary.transcribed) == sorted(str(p) for p in corpus.rglob("*.wav"))
+    assert sorted(summary.timings) == sorted(summary.transcribed)  # a retried batch reports its last try
     written = _written(out)
     assert written == in_process  # every file once, none partial (no temporary file left behind)
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -37,13 +39,35 @@ MANIFEST_SUFFIXES = (".txt", ".list", ".jsonl")
 WorkerParts = tuple[Any, Any, Callable[[Any], list[str]]]
 
 
+@attrs.frozen
+class FileTiming:
+    """When and where one file was transcribed (wall-clock ``time.time()`` seconds of the worker's host).
+
+    ``spawned`` and ``ready``: the worker's start and the end of its engine build; ``started`` and
+    ``finished``: its batch's (the files of a batch are decoded together, so they share them);
+    ``seconds``: the file's audio duration.
+    """
+
+    worker: str
+    spawned: float
+    ready: float
+    started: float
+    finished: float
+    seconds: float
+
+
+_TIMES = ("spawned", "ready", "started", "finished", "seconds")
+
+
 @attrs.define
 class DatasetSummary:
-    """What a job did: files transcribed now, files skipped as already finished, and failures."""
+    """What a job did: files transcribed now, files skipped as already finished, and failures;
+    ``timings`` holds a :class:`FileTiming` for each file a worker reported (its last try)."""
 
     transcribed: list[str] = attrs.field(factory=list)
     skipped: list[str] = attrs.field(factory=list)
     failed: dict[str, str] = attrs.field(factory=dict)
+    timings: dict[str, FileTiming] = attrs.field(factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -120,9 +144,13 @@ class _Transcriber:
     """An actor of the pool: one engine, fed one batch of decoded files at a time."""
 
     def __init__(self, factory: Callable[[], WorkerParts]):
+        self.spawned = time.time()
         self.engine, self.decoding, self.render = factory()
+        self.ready = time.time()
+        self.worker = f"{socket.gethostname()}:{os.getpid()}"
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list[str]]:
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        started = time.time()
         paths = [str(p) for p in batch["path"]]
         errors = [str(e) for e in batch["error"]]
         dests = [json.loads(str(d)) for d in batch["dests"]]
@@ -136,7 +164,10 @@ class _Transcriber:
                     continue
                 for dest, text in zip(dests[i], self.render(output), strict=True):
                     _write_atomically(Path(dest), text)
-        return {"path": paths, "error": errors}
+        n = len(paths)
+        return {"path": paths, "error": errors, "worker": [self.worker] * n, "spawned": [self.spawned] * n,
+                "ready": [self.ready] * n, "started": [started] * n, "finished": [time.time()] * n,
+                "seconds": [np.asarray(s).size / DECODE_RATE for s in batch["samples"]]}
 
 
 def _size(path: str) -> int:
@@ -186,9 +217,12 @@ def run_job(files: list[tuple[Path, Path]], dests: list[list[Path]], factory: Ca
     rows.sort(key=lambda row: _size(row["path"]), reverse=True)
     blocks = max(min(len(rows), max(1, workers) * 4), min(math.ceil(len(rows) / batch_size), max(1, workers) * 32))
     ds = ray.data.from_items(rows, override_num_blocks=blocks)
-    ds = ds.map(_decode, fn_kwargs={"max_seconds": max_seconds}, num_cpus=decode_cpus)
+    # at most one decode task per worker at a time: a file decodes in a few percent of its transcription time, and each
+    # concurrent task is a Ray worker process to start, competing with the engines' start-up for the cores
+    ds = ds.map(_decode, fn_kwargs={"max_seconds": max_seconds}, num_cpus=decode_cpus,
+                compute=ray.data.TaskPoolStrategy(size=max(1, workers)))
     ds = ds.map_batches(_Transcriber, fn_constructor_kwargs={"factory": factory}, batch_size=batch_size,
-                        batch_format="numpy", concurrency=workers, num_cpus=worker_cpus)
+                        batch_format="numpy", num_cpus=worker_cpus, compute=ray.data.ActorPoolStrategy(size=workers))
     done: dict[str, str] = {}
     with tqdm(total=len(rows), unit="file", disable=not progress) as bar:
         for row in ds.iter_rows():
@@ -196,6 +230,7 @@ def run_job(files: list[tuple[Path, Path]], dests: list[list[Path]], factory: Ca
             if path not in done:  # a retried batch reports its files again
                 bar.update(1)
             done[path] = str(row["error"])
+            summary.timings[path] = FileTiming(str(row["worker"]), *(float(row[k]) for k in _TIMES))
     for row in rows:
         error = done.get(row["path"], "no result (the job ended early)")
         if error:
