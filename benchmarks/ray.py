@@ -64,14 +64,14 @@ def profile(timings, start: float, stop: float) -> str:
     workers = {t.worker: t for t in timings.values()}.values()
     first_batch = min(t.started for t in timings.values())
     last_batch = max(t.finished for t in timings.values())
-    spawned = ", ".join(f"{t.spawned - start:.1f}" for t in workers)
-    loads = ", ".join(f"{t.ready - t.spawned:.1f}" for t in workers)
+    loading = ", ".join(f"{t.loading - start:.1f}" for t in workers)
+    loads = ", ".join(f"{t.ready - t.loading:.1f}" for t in workers)
     gaps = []
     for worker in workers:
         spans = sorted({(t.started, t.finished) for t in timings.values() if t.worker == worker.worker})
         gaps += [b[0] - a[1] for a, b in zip(spans, spans[1:], strict=False)]
     gap = f"{1000 * statistics.mean(gaps):.0f} ms" if gaps else "-"
-    return (f"workers started at {spawned} s, model loads {loads} s, first batch at {first_batch - start:.1f} s, "
+    return (f"engine builds began at {loading} s and took {loads} s, first batch at {first_batch - start:.1f} s, "
             f"mean gap between a worker's batches {gap}, last batch done {stop - last_batch:.1f} s before the end")
 
 

@@ -41,7 +41,7 @@ def test_a_data_job_equals_in_process_transcription_and_resumes(ray_cluster, cor
     # and the audio duration reported is the file's
     assert sorted(summary.timings) == sorted(summary.transcribed)
     for path, timing in summary.timings.items():
-        assert timing.spawned <= timing.ready <= timing.started <= timing.finished
+        assert timing.loading <= timing.ready <= timing.started <= timing.finished
         assert timing.seconds == pytest.approx(sf.info(path).duration, abs=1 / 16000)
     assert 1 <= len({t.worker for t in summary.timings.values()}) <= 2
     # a rerun finds every file finished and redoes nothing

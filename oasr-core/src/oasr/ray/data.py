@@ -43,20 +43,20 @@ WorkerParts = tuple[Any, Any, Callable[[Any], list[str]]]
 class FileTiming:
     """When and where one file was transcribed (wall-clock ``time.time()`` seconds of the worker's host).
 
-    ``spawned`` and ``ready``: the worker's start and the end of its engine build; ``started`` and
-    ``finished``: its batch's (the files of a batch are decoded together, so they share them);
-    ``seconds``: the file's audio duration.
+    ``loading`` and ``ready``: the start and end of the worker's engine build (its process already
+    running, Ray Data imported); ``started`` and ``finished``: its batch's (the files of a batch are
+    transcribed together, so they share them); ``seconds``: the file's audio duration.
     """
 
     worker: str
-    spawned: float
+    loading: float
     ready: float
     started: float
     finished: float
     seconds: float
 
 
-_TIMES = ("spawned", "ready", "started", "finished", "seconds")
+_TIMES = ("loading", "ready", "started", "finished", "seconds")
 
 
 @attrs.define
@@ -144,7 +144,7 @@ class _Transcriber:
     """An actor of the pool: one engine, fed one batch of decoded files at a time."""
 
     def __init__(self, factory: Callable[[], WorkerParts]):
-        self.spawned = time.time()
+        self.loading = time.time()
         self.engine, self.decoding, self.render = factory()
         self.ready = time.time()
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
@@ -165,7 +165,7 @@ class _Transcriber:
                 for dest, text in zip(dests[i], self.render(output), strict=True):
                     _write_atomically(Path(dest), text)
         n = len(paths)
-        return {"path": paths, "error": errors, "worker": [self.worker] * n, "spawned": [self.spawned] * n,
+        return {"path": paths, "error": errors, "worker": [self.worker] * n, "loading": [self.loading] * n,
                 "ready": [self.ready] * n, "started": [started] * n, "finished": [time.time()] * n,
                 "seconds": [np.asarray(s).size / DECODE_RATE for s in batch["samples"]]}
 
