@@ -173,12 +173,14 @@ REFLECT_COLUMNS = 1 << 18
 
 
 def reflect_rows(x: torch.Tensor, lengths: torch.Tensor, left: int, width: int, *,
-                 repeat_edge: bool) -> torch.Tensor:
+                 repeat_edge: bool, zeros_from: torch.Tensor | None = None) -> torch.Tensor:
     """Each row's own samples ``x[b, :L_b]`` extended by reflection to ``width`` columns, starting
-    ``left`` samples before the row's first sample.
+    ``left`` samples before the row's first sample (a negative ``left`` starts inside the row).
 
     ``repeat_edge=True`` is Kaldi's reflection (``x[-1] = x[0]``), ``False`` is ``torch.nn.functional.pad``'s
     ``reflect`` mode (``x[-1] = x[1]``).  Reflection repeats as often as needed, so short rows work.
+    ``zeros_from`` (B,): samples at or past it read as 0, so a row of ``L_b`` samples whose first
+    ``zeros_from[b]`` are in ``x`` is reflected as if its zero tail were there (it is not materialized).
     """
     if x.shape[1] == 0:
         return x.new_zeros(x.shape[0], width)
@@ -189,7 +191,10 @@ def reflect_rows(x: torch.Tensor, lengths: torch.Tensor, left: int, width: int, 
         stop = min(start + REFLECT_COLUMNS, width)
         pos = torch.remainder(torch.arange(start, stop, device=x.device)[None, :] - left, period)
         pos = torch.where(pos >= length, period - 1 - pos if repeat_edge else period - pos, pos)
+        zero = None if zeros_from is None else pos >= zeros_from[:, None]
         torch.gather(x, 1, pos.clamp_(max=x.shape[1] - 1).expand(x.shape[0], stop - start), out=out[:, start:stop])
+        if zero is not None:
+            out[:, start:stop].masked_fill_(zero, 0.0)
     return out
 
 

@@ -29,12 +29,14 @@ import torch
 
 from oasr.features.config import FeatureConfig
 from oasr.features.mel import slaney_mel_filters
-from oasr.features.spectral import interleave_power_weight, mel_groups, reflect_rows, stft_mel
+from oasr.features.spectral import TILE_FRAMES, interleave_power_weight, mel_groups, reflect_rows, stft_mel
 
 N_FFT = 400
 HOP_LENGTH = 160
 SAMPLE_RATE = 16000
 LOG_FLOOR = 1e-10
+#: frames whose reflected source is made at once on the CPU (about 5 MB of samples per row)
+SOURCE_BLOCK_FRAMES = 8 * TILE_FRAMES
 
 
 @functools.lru_cache(maxsize=16)
@@ -44,12 +46,16 @@ def _tables(num_mels: int, n_fft: int, sample_rate: int) -> tuple[torch.Tensor, 
 
 
 def whisper_logmel(padded: torch.Tensor, lengths: torch.Tensor, *, num_mels: int = 80, n_fft: int = N_FFT,
-                   hop: int = HOP_LENGTH, sample_rate: int = SAMPLE_RATE,
-                   window_samples: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   hop: int = HOP_LENGTH, sample_rate: int = SAMPLE_RATE, window_samples: int | None = None,
+                   padding_samples: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T) samples, (B,) lengths → ((B, T', num_mels) normalized log-mel, (B,) frame counts).
 
     ``window_samples``: pad/trim every row to this many samples first (see the module docstring).
+    ``padding_samples``: zeros appended to every row before the STFT (openai-whisper's ``padding``;
+    without a window only), read as zeros, never copied in.
     """
+    if padding_samples and window_samples is not None:
+        raise ValueError("padding_samples applies to rows without a fixed window; got both")
     lengths = torch.as_tensor(lengths, dtype=torch.long).reshape(-1).cpu()
     padded = padded.float()
     device = padded.device
@@ -64,18 +70,25 @@ def whisper_logmel(padded: torch.Tensor, lengths: torch.Tensor, *, num_mels: int
         counts = signal_lengths // hop
         feat_lengths = torch.minimum(-(-lengths // hop), counts)
     else:
-        signal, signal_lengths = padded, lengths
-        counts = lengths // hop
+        signal, signal_lengths = padded, lengths + padding_samples
+        counts = signal_lengths // hop
         feat_lengths = counts
     count_list = counts.tolist()
     longest = max(count_list, default=0)
     out = torch.zeros(padded.shape[0], longest, num_mels, device=device)
     if longest == 0:
         return out, feat_lengths
-    source = reflect_rows(signal, signal_lengths.to(device), n_fft // 2, (longest - 1) * hop + n_fft,
-                          repeat_edge=False)
-    stft_mel(source, count_list, out, span=n_fft, hop=hop, n_fft=n_fft, window=window, mel_weight=weight,
-             mel_blocks=blocks, num_mels=num_mels, log="log10", log_eps=LOG_FLOOR)
+    zeros_from = lengths.to(device) if padding_samples else None
+    # on the CPU the reflected source is made a block of frames at a time, so a long recording is never
+    # copied whole (a frame's features do not depend on the frames computed with it: the blocks join
+    # exactly); a device kernel writes a contiguous output, in one call
+    step = SOURCE_BLOCK_FRAMES if device.type == "cpu" else longest
+    for f0 in range(0, longest, step):
+        part = [min(max(c - f0, 0), step) for c in count_list]
+        source = reflect_rows(signal, signal_lengths.to(device), n_fft // 2 - f0 * hop,
+                              (max(part) - 1) * hop + n_fft, repeat_edge=False, zeros_from=zeros_from)
+        stft_mel(source, part, out[:, f0:f0 + step], span=n_fft, hop=hop, n_fft=n_fft, window=window,
+                 mel_weight=weight, mel_blocks=blocks, num_mels=num_mels, log="log10", log_eps=LOG_FLOOR)
     # normalized per row in place (a long recording's log-mel is not copied): max(x, row max - 8), then
     # (x + 4) / 4 over the row's frames; frames past them stay 0
     for row, count in enumerate(count_list):
@@ -103,7 +116,6 @@ def log_mel(audio: np.ndarray | torch.Tensor, n_mels: int = 80, padding_samples:
     max-norm covers them too.
     """
     audio = torch.as_tensor(audio, dtype=torch.float32).reshape(-1)
-    if padding_samples > 0:
-        audio = torch.nn.functional.pad(audio, (0, padding_samples))
-    feats, _ = whisper_logmel(audio[None], torch.tensor([audio.numel()]), num_mels=n_mels)
+    feats, _ = whisper_logmel(audio[None], torch.tensor([audio.numel()]), num_mels=n_mels,
+                              padding_samples=max(0, padding_samples))
     return feats[0].t()

@@ -113,7 +113,8 @@ class AedDecodeStrategy(DecodeStrategy):
                    "max_new_tokens")
 
     def log_mels(self, waveforms: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Per request: the log-mel (n_mels, frames) of its audio followed by 30 s of silence.
+        """Per request: the log-mel (n_mels, frames) of its audio followed by 30 s of silence (the
+        silence is not copied onto the audio: a long recording is held once).
 
         One row at a time: rows of very different lengths padded into one batch would spend most of
         the transform on padding (the max-norm is per row anyway).
@@ -123,8 +124,8 @@ class AedDecodeStrategy(DecodeStrategy):
         out = []
         for wave in waveforms:
             wave = wave.reshape(-1).float().to(self.ctx.device)
-            padded = torch.nn.functional.pad(wave, (0, pad))[None]
-            feats, counts = whisper_logmel(padded, torch.tensor([padded.shape[1]]), num_mels=n_mels)
+            feats, counts = whisper_logmel(wave[None], torch.tensor([wave.numel()]), num_mels=n_mels,
+                                           padding_samples=pad)
             out.append(feats[0, : int(counts[0])].t())
         return out
 
