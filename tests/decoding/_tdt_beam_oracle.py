@@ -4,6 +4,7 @@ NeMo is the oracle: a missing NeMo venv fails the test, it never skips it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from pathlib import Path
@@ -64,3 +65,20 @@ def nbest_mismatch(ours: list, theirs: list[dict], *, abs_tol: float = 1e-4, rel
         if abs(h.score - ref["score"]) > abs_tol + rel_tol * abs(ref["score"]):
             return f"score of {ref['tokens']} differs: ours {h.score} vs NeMo {ref['score']}"
     return None
+
+
+@contextlib.contextmanager
+def perturbed_head(joiner, seed: int, scale: float = 3e-5):
+    """The joiner with its output layer (its last module with a 2-D weight) moved by ``scale`` x N(0, 1) noise,
+    restored on exit: a result that changes under it sits on a near-tie (the scale is far above float32 noise)."""
+    head = [m for m in joiner.modules() if isinstance(getattr(m, "weight", None), torch.Tensor)
+            and m.weight.dim() == 2][-1]
+    saved = {k: v.clone() for k, v in head.state_dict().items()}
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn(p.shape, generator=g, dtype=torch.float32).to(p.dtype) * scale)
+    try:
+        yield joiner
+    finally:
+        head.load_state_dict(saved)

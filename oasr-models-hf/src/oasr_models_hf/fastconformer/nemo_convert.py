@@ -9,7 +9,8 @@ A ``.nemo`` file (see :mod:`oasr_models_hf.fastconformer.nemo`) is claimed by wh
   its RNN-T head is the default, ``architecture="nemo_ctc"`` picks its CTC head;
 - ``nemo_tdt``: an RNN-T model whose loss is ``tdt`` (or whose ``decoding.model_type`` is ``tdt``); the
   durations come from ``decoding.durations``, ``loss.tdt_kwargs.durations`` or
-  ``model_defaults.tdt_durations``, in that order;
+  ``model_defaults.tdt_durations``, in that order; ``decoding.strategy: beam`` makes NeMo's TDT beam search
+  (``beam.beam_size``) the default search;
 - ``nemo_rnnt_streaming``: a cache-aware RNN-T (or hybrid) model — causal subsampling, causal convolutions
   with ``layer_norm``, ``chunked_limited`` attention — on the Nemotron encoder: the config's first
   ``att_context_size`` ``[left, right]`` is ``sliding_window = left + 1`` and ``num_lookahead_tokens = right``,
@@ -381,6 +382,23 @@ class NemoTdtConverter(NemoRnntConverter):
                 return {"tdt_durations": tuple(int(d) for d in durations)}
         raise CheckpointFormatError(f"{path}: a TDT model_config.yaml names no durations (decoding.durations, "
                                     f"loss.tdt_kwargs.durations or model_defaults.tdt_durations)", path=path)
+
+    def decoding_defaults(self, path: Path, config: ParakeetRnntConfig) -> DecodingDefaults:
+        """Greedy, or NeMo's TDT beam search when the archive's ``decoding.strategy`` is ``beam`` (its
+        ``beam.beam_size``, default 4); other strategies (``maes``, ``malsd_batch``) decode greedily."""
+        defaults = super().decoding_defaults(path, config)
+        archive = self.archive(path)
+        decoding = archive.config.get("decoding") or {}
+        if decoding.get("strategy") != "beam":
+            return defaults
+        beam = decoding.get("beam") or {}
+        for key, want in (("score_norm", True), ("softmax_temperature", 1.0)):
+            if beam.get(key, want) != want:
+                raise _refuse(archive.path, f"decoding.beam.{key}", beam[key],
+                              f"the TDT beam search ranks as NeMo's default ({key}={want})")
+        return DecodingDefaults(decode_type=defaults.decode_type, blank_id=defaults.blank_id,
+                                options=dict(defaults.options, search="modified_beam",
+                                             beam_size=int(beam.get("beam_size", 4))))
 
 
 class NemoRnntStreamingConverter(NemoRnntConverter):

@@ -6,7 +6,7 @@ tokenizer trained on a small corpus, init widened so the tokens vary (BatchNorm 
 scaled up, a transducer joint's blank bias calibrated so blank wins about 80 % of the (frame, label) pairs) —
 ``save_to()``s ``OUT/model.nemo``, and writes ``OUT/oracle.pt``: ``transcribe()``'s text and token ids per
 clip (each clip alone, batch size 1) and, after ``.eval()`` (``transcribe()`` leaves dropout on), NeMo's
-log-mel features and encoder output per clip.
+log-mel features and encoder output per clip; for ``tdt`` also NeMo's beam search (``beam_outputs``).
 """
 
 from __future__ import annotations
@@ -169,6 +169,38 @@ def hypothesis_fields(hyps) -> tuple[list[str], list[list[int]], list]:
     return texts, tokens, logprobs
 
 
+def beam_outputs(model, wavs: list[Path], encoded: list[torch.Tensor], beam: int = 4) -> dict:
+    """A TDT model's beam search (``decoding.strategy="beam"``: ``BeamTDTInfer``, search_type "default"):
+    ``transcribe()``'s best text and ids per clip, and the whole n-best (labels, score, text) of the search
+    run on the saved encoder outputs."""
+    import copy
+
+    from omegaconf import open_dict
+
+    cfg = copy.deepcopy(model.cfg.decoding)
+    with open_dict(cfg):
+        cfg.strategy = "beam"
+        cfg.beam = {"beam_size": beam, "return_best_hypothesis": True, "score_norm": True}
+    model.change_decoding_strategy(cfg, verbose=False)
+    texts, tokens = [], []
+    for wav in wavs:
+        t, ids, _ = hypothesis_fields(model.transcribe([str(wav)], batch_size=1, return_hypotheses=True,
+                                                       verbose=False))
+        texts += t
+        tokens += ids
+    model.eval()
+    search = model.decoding.decoding
+    search.return_best_hypothesis = False
+    nbest = []
+    with torch.no_grad():
+        for enc in encoded:
+            (hyps,) = search(encoder_output=enc.T[None].contiguous(), encoded_lengths=torch.tensor([enc.shape[0]]))
+            nbest.append([{"tokens": [int(x) for x in h.y_sequence.tolist()], "score": float(h.score),
+                           "text": model.tokenizer.ids_to_text([int(x) for x in h.y_sequence.tolist()])}
+                          for h in hyps[0].n_best_hypotheses])
+    return {"beam_size": beam, "beam_texts": texts, "beam_tokens": tokens, "beam_nbest": nbest}
+
+
 def main(argv: list[str]) -> int:
     kind, out = argv[0], Path(argv[1])
     wavs = [Path(p) for p in argv[2:]]
@@ -207,6 +239,8 @@ def main(argv: list[str]) -> int:
             enc, enc_len = model.encoder(audio_signal=mel, length=mel_len)
             feats.append(mel[0, :, : int(mel_len[0])].T.contiguous())
             encoded.append(enc[0, :, : int(enc_len[0])].T.contiguous())
+    if kind == "tdt":
+        extra.update(beam_outputs(model, wavs, encoded))
     keys = sorted(model.state_dict())
     torch.save({"texts": texts, "tokens": tokens, "logprobs": logprobs, "feats": feats, "encoder": encoded, "keys": keys,
                 "vocab_size": int(model.tokenizer.vocab_size), **extra}, out / "oracle.pt")

@@ -199,6 +199,107 @@ def test_batched_equals_alone(built, loaded, speech):
     assert [o.tokens for o in alone] == [o.tokens for o in batched]
 
 
+def _tdt_nbest(loaded, enc: torch.Tensor, beam: int) -> list:
+    from oasr.decoding.tdt_beam import TdtBeamRows
+
+    model = loaded.model
+    with torch.no_grad():
+        proj = model.joiner.project_encoder(enc[None])
+        rows = TdtBeamRows(model.predictor, model.joiner, 1, "cpu", blank_id=loaded.decoding_defaults.blank_id,
+                           beam_size=beam)
+        for t in range(proj.shape[1]):
+            rows.step(proj[:, t], [0])
+    return rows.results(0)
+
+
+def test_tdt_beam_search_equals_nemo_beam_tdt_infer_on_its_encoder_output(built, loaded):
+    """Every kept hypothesis of NeMo's ``decoding.strategy="beam"`` (labels in order, scores), our search over
+    the archive's predictor and joint fed NeMo's own encoder output; near-ties (an n-best that moves when the
+    joint's head is perturbed far above float noise) are not compared."""
+    from tests.decoding._tdt_beam_oracle import nbest_mismatch, perturbed_head
+
+    kind, _, ref = built
+    if kind != "tdt":
+        return  # only the TDT archive has a TDT beam search (checked when kind == "tdt")
+    compared = 0
+    for enc, theirs in zip(ref["encoder"], ref["beam_nbest"], strict=True):
+        ours = _tdt_nbest(loaded, enc, ref["beam_size"])
+        shaken = []
+        for seed in (1, 2):
+            with perturbed_head(loaded.model.joiner, seed):
+                shaken.append([h.tokens for h in _tdt_nbest(loaded, enc, ref["beam_size"])])
+        if any(other != [h.tokens for h in ours] for other in shaken):
+            continue
+        assert nbest_mismatch(ours, theirs) is None, nbest_mismatch(ours, theirs)
+        compared += 1
+    assert compared >= len(ref["beam_nbest"]) - 1, "too few clips were clear of near-ties to compare"
+    assert sum(len(n) > 1 for n in ref["beam_nbest"]) >= 3 and ref["beam_tokens"] != ref["tokens"]
+
+
+def test_tdt_beam_through_the_engine_equals_nemo_transcribe(built, loaded, speech):
+    """``beam_size=4`` on the TDT archive: the best ids and text equal ``transcribe()`` with NeMo's beam
+    strategy, the n-best texts NeMo's n-best (clips whose results move under a perturbation of the joint's
+    head excepted)."""
+    from oasr.engine.options import DecodingOptions
+    from tests.decoding._tdt_beam_oracle import perturbed_head
+
+    kind, _, ref = built
+    if kind != "tdt":
+        return  # only the TDT archive has a TDT beam search (checked when kind == "tdt")
+    audios = [a for _, a in speech]
+    options = DecodingOptions(beam_size=ref["beam_size"], n_best=ref["beam_size"])
+    engine = Engine(EngineConfig(max_batch_size=1), loaded=loaded)
+
+    def run():
+        return [(o.tokens, o.text, o.nbest) for o in engine.transcribe_outputs(audios, decoding=options)]
+
+    outputs = run()
+    shaken = []
+    for seed in (1, 2):
+        with perturbed_head(loaded.model.joiner, seed):
+            shaken.append(run())
+    compared = 0
+    for i, (tokens, text, nbest) in enumerate(outputs):
+        if any(other[i] != outputs[i] for other in shaken):
+            continue
+        assert tokens == ref["beam_tokens"][i], f"best ids differ from NeMo's beam for clip {i}"
+        assert text == ref["beam_texts"][i]
+        assert nbest == [h["text"] for h in ref["beam_nbest"][i]][: ref["beam_size"]]
+        compared += 1
+    assert compared >= len(audios) - 1, "too few clips were clear of near-ties to compare"
+
+
+def _with_decoding(archive: Path, out: Path, **changes) -> Path:
+    import yaml
+
+    with tarfile.open(archive) as tar:
+        member = next(m for m in tar if m.name.endswith("model_config.yaml"))
+        config = yaml.safe_load(tar.extractfile(member).read())
+    changed = dict(config, decoding=dict(config["decoding"], **changes))
+    return _repacked(archive, out, {"model_config.yaml": yaml.safe_dump(changed).encode()})
+
+
+def test_a_tdt_archive_decoding_with_beam_makes_the_beam_search_the_default(built, speech, tmp_path):
+    from oasr.engine.options import DecodingOptions
+
+    kind, archive, _ = built
+    if kind != "tdt":
+        return  # the TDT archive's decoding section (checked when kind == "tdt")
+    beam = load_pretrained(_with_decoding(archive, tmp_path / "beam.nemo", strategy="beam",
+                                          beam={"beam_size": 3, "return_best_hypothesis": True}))
+    assert beam.decoding_defaults.options["search"] == "modified_beam"
+    assert beam.decoding_defaults.options["beam_size"] == 3
+    audios = [a for _, a in speech]
+    default = Engine(EngineConfig(max_batch_size=1), loaded=beam).transcribe_outputs(audios)
+    asked = Engine(EngineConfig(max_batch_size=1), loaded=load_pretrained(archive)).transcribe_outputs(
+        audios, decoding=DecodingOptions(beam_size=3))
+    greedy = Engine(EngineConfig(max_batch_size=1), loaded=load_pretrained(archive)).transcribe_outputs(audios)
+    assert [o.tokens for o in default] == [o.tokens for o in asked] != [o.tokens for o in greedy]
+    with pytest.raises(UnsupportedConfigError, match="decoding.beam.score_norm=False"):
+        load_pretrained(_with_decoding(archive, tmp_path / "norm.nemo", strategy="beam",
+                                       beam={"beam_size": 4, "score_norm": False}))
+
+
 def test_hybrid_ctc_head_by_architecture_equals_nemo_ctc_decoding(built, speech):
     kind, archive, ref = built
     if kind != "hybrid":
