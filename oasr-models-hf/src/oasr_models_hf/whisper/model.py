@@ -228,6 +228,34 @@ class WhisperDecoder(nn.Module):
         return ks, vs
 
     # -- the shared layer computation -------------------------------------------------------------------
+    def _self_qkv(self, sa: MultiHeadAttention, h: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Self-attention q, k, v (B, H, L, Dh) of ``h``: one GEMM over the three floating-point
+        projections stacked (a decode step's per-layer linears are small, so each call's fixed cost
+        counts), or three calls when any of them is int8."""
+        projections = [getattr(sa, name) for name in sa.names[:3]]
+        if any(p._int8 is not None for p in projections):
+            return sa.project(h, 0), sa.project(h, 1), sa.project(h, 2)
+        weight, bias = self._stacked(sa, projections)
+        b, length, d = h.shape
+        qkv = F.linear(h, weight, bias).view(b, length, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        return qkv[0], qkv[1], qkv[2]
+
+    @staticmethod
+    def _stacked(sa: MultiHeadAttention, projections: list[Linear]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (3D, D) weight and (3D,) bias of q/k/v stacked (a missing bias is zeros); rebuilt when
+        a weight or bias changes."""
+        params = [t for p in projections for t in (p.weight, p.bias) if t is not None]
+        key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in params)
+        cached = sa.__dict__.get("_stacked_qkv")
+        if cached is None or cached[0] != key:
+            weight = torch.cat([p.weight.detach() for p in projections])
+            bias = torch.cat([p.bias.detach() if p.bias is not None else p.weight.new_zeros(p.out_features)
+                              for p in projections])
+            cached = (key, weight, bias)
+            sa.__dict__["_stacked_qkv"] = cached
+        return cached[1], cached[2]
+
     # A decode step has one query per row: explicit matmuls over the stored (transposed) keys beat the
     # fused attention kernel there, whose blocking is made for long query runs.
     def _cross(self, layer: WhisperDecoderLayer, i: int, h: torch.Tensor, state: WhisperDecoderState,
@@ -270,7 +298,7 @@ class WhisperDecoder(nn.Module):
         for i, layer in enumerate(self.layers):
             sa = layer.self_attn
             h = layer.self_attn_layer_norm(x)
-            q, k, v = sa.project(h, 0), sa.project(h, 1), sa.project(h, 2)
+            q, k, v = self._self_qkv(sa, h)
             kbuf, vbuf = state.self_k[i], state.self_v[i]
             if write_pos is None:
                 length = q.shape[2]
@@ -278,8 +306,12 @@ class WhisperDecoder(nn.Module):
                 vbuf[:, :, :length] = v
                 out = attend(q, k, v, causal=True)
             else:
-                kbuf[rows, :, write_pos] = k[:, :, 0]
-                vbuf[rows, :, write_pos] = v[:, :, 0]
+                if state.uniform_length is not None:  # every row writes the same position: a slice copy
+                    kbuf[:, :, span - 1:span] = k
+                    vbuf[:, :, span - 1:span] = v
+                else:
+                    kbuf[rows, :, write_pos] = k[:, :, 0]
+                    vbuf[rows, :, write_pos] = v[:, :, 0]
                 scores = torch.matmul(q, kbuf[:, :, :span].transpose(-1, -2)) * (self.head_dim ** -0.5)
                 if key_mask is not None:
                     scores = scores.masked_fill(key_mask, float("-inf"))

@@ -89,7 +89,6 @@ class LogitRules:
         self.no_timestamps = gen.no_timestamps_id
         self.ts_begin = gen.timestamp_begin
         self.max_initial = gen.max_initial_timestamp_index
-        self.ids = torch.arange(vocab_size, device=device)
 
     def _ids(self, tokens) -> torch.Tensor:
         ids = sorted({*tokens, *self.specials})
@@ -119,36 +118,35 @@ class LogitRules:
             self._timestamp_rules(logits, ts_rows, generated)
 
     def _timestamp_rules(self, logits: torch.Tensor, rows: list[int], generated: Sequence[list[int]]) -> None:
+        """openai-whisper's ``ApplyTimestampRules`` on ``rows`` of ``logits``, in place.
+
+        Each rule fills a slice of a row (no vocabulary-wide masks); the last rule compares the
+        log-sum-exp of the timestamp logits with the best text logit, which is the comparison of
+        their log-probabilities (both sides carry the same normalizer)."""
         ts_begin, eot = self.ts_begin, self.eot
-        forbid_text, forbid_ts, floor, initial = [], [], [], []
+        logits[rows, self.no_timestamps] = NEG_INF
         for j in rows:
-            seq = generated[j]
-            last = len(seq) >= 1 and seq[-1] >= ts_begin
+            seq, row = generated[j], logits[j]
+            if not seq:  # the first token is a timestamp, at most max_initial steps in
+                row[:ts_begin] = NEG_INF
+                if self.max_initial is not None:
+                    row[ts_begin + self.max_initial + 1:] = NEG_INF
+                continue
+            last = seq[-1] >= ts_begin
             penultimate = len(seq) < 2 or seq[-2] >= ts_begin
-            forbid_ts.append(last and penultimate)  # two timestamps in a row: text must follow
-            forbid_text.append(last and not penultimate)  # an open segment: close it (or end)
-            stamps = [t for t in seq if t >= ts_begin]
-            # timestamps never decrease, and a segment has non-zero length
-            floor.append(ts_begin if not stamps else (stamps[-1] if last and not penultimate else stamps[-1] + 1))
-            initial.append(not seq)
-        sub = logits[rows]
-        ids = self.ids[None, :]
-        dev = logits.device
-        as_col = lambda values, dtype=torch.bool: torch.tensor(values, dtype=dtype, device=dev)[:, None]  # noqa: E731
-        is_ts = ids >= ts_begin
-        mask = ids == self.no_timestamps
-        mask = mask | (as_col(forbid_ts) & is_ts) | (as_col(forbid_text) & (ids < eot))
-        mask = mask | (is_ts & (ids < as_col(floor, torch.long)))
-        first = as_col(initial)
-        mask = mask | (first & (ids < ts_begin))
-        if self.max_initial is not None:
-            mask = mask | (first & (ids > ts_begin + self.max_initial))
-        sub = sub.masked_fill(mask, NEG_INF)
-        logprobs = F.log_softmax(sub.float(), dim=-1)
-        ts_mass = logprobs[:, ts_begin:].logsumexp(dim=-1)
-        best_text = logprobs[:, :ts_begin].max(dim=-1).values
-        sub[(ts_mass > best_text)[:, None] & (ids < ts_begin)] = NEG_INF
-        logits[rows] = sub
+            if last and penultimate:  # two timestamps in a row: text must follow
+                row[ts_begin:] = NEG_INF
+            elif last:  # an open segment: close it (or end)
+                row[:eot] = NEG_INF
+            stamp = next((t for t in reversed(seq) if t >= ts_begin), None)
+            if stamp is not None:  # timestamps never decrease, and a segment has non-zero length
+                row[ts_begin:stamp if last and not penultimate else stamp + 1] = NEG_INF
+        index = torch.tensor(rows, device=logits.device)
+        sub = logits.index_select(0, index).float()
+        ts_wins = sub[:, ts_begin:].logsumexp(dim=-1) > sub[:, :ts_begin].max(dim=-1).values
+        for j, wins in zip(rows, ts_wins.tolist(), strict=True):
+            if wins:
+                logits[j, :ts_begin] = NEG_INF
 
 
 def _pad_prompts(prompts: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -228,8 +226,11 @@ def _greedy(decoder: WhisperDecoder, cross, tasks: list[WindowTask], rules: Logi
                 full = True  # this row has no position left to ride along in
         if not still:
             break
-        feed = torch.full((len(rows),), gen.eot_id, dtype=torch.long, device=device)
-        feed[live] = chosen
+        if len(live) == len(rows):
+            feed = chosen
+        else:
+            feed = torch.full((len(rows),), gen.eot_id, dtype=torch.long, device=device)
+            feed[live] = chosen
         if full or len(rows) - len(still) >= max(1, len(rows) // 4):
             state, feed = decoder.select(state, still), feed[still]
             rows = [rows[j] for j in still]
