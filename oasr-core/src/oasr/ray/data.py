@@ -215,6 +215,9 @@ def run_job(files: list[tuple[Path, Path]], dests: list[list[Path]], factory: Ca
     # longest first (file size stands in for duration), in blocks of about one batch: the workers finish
     # together instead of one of them decoding a last block of long files while the others idle
     rows.sort(key=lambda row: _size(row["path"]), reverse=True)
+    # at least four batches per worker: Ray Data hands a worker up to two batches at once, so a small job in
+    # full-size batches would leave the workers that became ready last with nothing to do
+    batch_size = max(1, min(batch_size, math.ceil(len(rows) / (4 * max(1, workers)))))
     blocks = max(min(len(rows), max(1, workers) * 4), min(math.ceil(len(rows) / batch_size), max(1, workers) * 32))
     ds = ray.data.from_items(rows, override_num_blocks=blocks)
     # at most one decode task per worker at a time: a file decodes in a few percent of its transcription time, and each
