@@ -191,6 +191,30 @@ def engine_factory(config: Any, decoding: Any, formats: Sequence[str]) -> Callab
     return build
 
 
+def _pipeline(ray: Any, rows: list[dict[str, str]], factory: Callable[[], WorkerParts], *, workers: int,
+              batch_size: int, max_seconds: float | None, worker_cpus: float, decode_cpus: float) -> Any:
+    """The Ray Data pipeline of a job: its rows in blocks, decoded in Ray tasks, transcribed by the actor pool."""
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    n = max(1, workers)
+    # longest first (file size stands in for duration), in blocks of about one batch: the workers finish
+    # together instead of one of them decoding a last block of long files while the others idle
+    rows.sort(key=lambda row: _size(row["path"]), reverse=True)
+    # at least four batches per worker: Ray Data hands a worker up to two batches at once, so a small job in
+    # full-size batches would leave the workers that became ready last with nothing to do
+    batch_size = max(1, min(batch_size, math.ceil(len(rows) / (4 * n))))
+    blocks = max(min(len(rows), n * 4), min(math.ceil(len(rows) / batch_size), n * 32))
+    ds = ray.data.from_items(rows, override_num_blocks=blocks)
+    # at most one decode task per worker at a time: a file decodes in a few percent of its transcription
+    # time, and each concurrent task is a Ray worker process to start, competing with the engines' start-up
+    # for the cores (older Ray releases export no TaskPoolStrategy and take the cap as ``concurrency``)
+    pool = {"compute": ray.data.TaskPoolStrategy(size=n)} if hasattr(ray.data, "TaskPoolStrategy") else {
+        "concurrency": n}
+    ds = ds.map(_decode, fn_kwargs={"max_seconds": max_seconds}, num_cpus=decode_cpus, **pool)
+    ds = ds.map_batches(_Transcriber, fn_constructor_kwargs={"factory": factory}, batch_size=batch_size,
+                        batch_format="numpy", num_cpus=worker_cpus, compute=ray.data.ActorPoolStrategy(size=workers))
+    return ds
+
+
 def run_job(files: list[tuple[Path, Path]], dests: list[list[Path]], factory: Callable[[], WorkerParts], *,
             workers: int = 2, batch_size: int = 8, max_seconds: float | None = None, progress: bool = True,
             worker_cpus: float = 0.9, decode_cpus: float = 0.1, ray_address: str | None = None) -> DatasetSummary:
@@ -210,22 +234,8 @@ def run_job(files: list[tuple[Path, Path]], dests: list[list[Path]], factory: Ca
     if not ray.is_initialized():
         ray.init(address=ray_address, include_dashboard=False, log_to_driver=False,
                  **({} if ray_address else {"num_cpus": max(workers, os.cpu_count() or 1)}))
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False
-    # longest first (file size stands in for duration), in blocks of about one batch: the workers finish
-    # together instead of one of them decoding a last block of long files while the others idle
-    rows.sort(key=lambda row: _size(row["path"]), reverse=True)
-    # at least four batches per worker: Ray Data hands a worker up to two batches at once, so a small job in
-    # full-size batches would leave the workers that became ready last with nothing to do
-    batch_size = max(1, min(batch_size, math.ceil(len(rows) / (4 * max(1, workers)))))
-    blocks = max(min(len(rows), max(1, workers) * 4), min(math.ceil(len(rows) / batch_size), max(1, workers) * 32))
-    ds = ray.data.from_items(rows, override_num_blocks=blocks)
-    # at most one decode task per worker at a time: a file decodes in a few percent of its transcription time, and each
-    # concurrent task is a Ray worker process to start, competing with the engines' start-up for the cores
-    ds = ds.map(_decode, fn_kwargs={"max_seconds": max_seconds}, num_cpus=decode_cpus,
-                compute=ray.data.TaskPoolStrategy(size=max(1, workers)))
-    ds = ds.map_batches(_Transcriber, fn_constructor_kwargs={"factory": factory}, batch_size=batch_size,
-                        batch_format="numpy", num_cpus=worker_cpus, compute=ray.data.ActorPoolStrategy(size=workers))
+    ds = _pipeline(ray, rows, factory, workers=workers, batch_size=batch_size, max_seconds=max_seconds,
+                   worker_cpus=worker_cpus, decode_cpus=decode_cpus)
     done: dict[str, str] = {}
     with tqdm(total=len(rows), unit="file", disable=not progress) as bar:
         for row in ds.iter_rows():
