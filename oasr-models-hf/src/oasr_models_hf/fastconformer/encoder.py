@@ -16,6 +16,11 @@ Hugging Face state dict loads 1:1.  The forward map:
   interleaved per frequency); ``rel_shift`` picks, for query i and key j, the position ``i - j``;
 - the convolution module: pointwise (2D) → GLU → padded frames zeroed → depthwise conv with symmetric
   ``(k - 1) / 2`` padding → BatchNorm → SiLU → pointwise.
+
+On CPU fp32 inference every GEMM of the encoder (feed-forwards, attention projections, the position
+projection, pointwise convolutions, the subsampling's ``linear``) runs through :func:`packed_linear`:
+oneDNN's kernel over a weight prepacked once (the op torch's own CPU compiler emits), with the feed-forward's
+SiLU as its epilogue — the same products as ``F.linear`` up to float32 summation order.
 """
 
 from __future__ import annotations
@@ -31,12 +36,14 @@ from oasr.layers import (
     Glu,
     LayerNorm,
     Linear,
+    LinearActivation,
     MultiHeadAttention,
     PointwiseConv1d,
     Relu,
     Swish,
     attend,
     merge_heads,
+    split_heads,
 )
 from oasr.models.base import BaseEncoder
 from oasr_models_hf.fastconformer.config import FastConformerConfig
@@ -44,6 +51,47 @@ from oasr_models_hf.fastconformer.config import FastConformerConfig
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 #: base of the relative-position sinusoids (NeMo's RelPositionalEncoding)
 POSITION_BASE = 10000.0
+
+
+def _onednn_linear_ops():
+    if not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight, torch.ops.mkldnn._linear_pointwise
+    except (AttributeError, RuntimeError):  # a torch build without oneDNN's linear ops
+        return None
+
+
+_ONEDNN_LINEAR = _onednn_linear_ops()
+#: a LinearActivation's activation → oneDNN's name for it as a GEMM epilogue
+_EPILOGUES = {"silu": "swish", "swish": "swish", "relu": "relu"}
+
+
+def packed_linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``layer(x)`` for a waist ``Linear`` / ``LinearActivation`` / ``PointwiseConv1d``, through oneDNN's
+    prepacked fp32 GEMM (activation fused) on CPU inference; anywhere else, the layer's own forward.
+
+    The packed weight is kept beside the module (never in its state dict) and rebuilt when the weight's
+    storage or version changes (``.to()``, ``load_state_dict``, an in-place update)."""
+    weight = layer.weight
+    activation = _EPILOGUES.get(layer.activation) if isinstance(layer, LinearActivation) else "none"
+    if (_ONEDNN_LINEAR is None or activation is None or torch.is_grad_enabled() or x.device.type != "cpu"
+            or x.dtype != torch.float32 or weight.dtype != torch.float32
+            or getattr(layer, "_int8", None) is not None):
+        return layer(x)
+    reorder, linear = _ONEDNN_LINEAR
+    key = (weight.data_ptr(), weight._version)
+    cached = layer.__dict__.get("_onednn_packed")
+    if cached is None or cached[0] != key:
+        cached = (key, reorder(weight.detach().reshape(weight.shape[0], -1), None))
+        layer.__dict__["_onednn_packed"] = cached
+    return linear(x.contiguous(), cached[1], layer.bias, activation, [], "")
+
+
+def feed_forward(ff: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A waist ``FeedForward``'s ``w_2(act(w_1(x)))`` through :func:`packed_linear`."""
+    first, second = (getattr(ff, name) for name in ff.names)
+    return packed_linear(second, packed_linear(first, x))
 
 
 def zero_beyond(x: torch.Tensor, lengths: torch.Tensor | None, axis: int) -> torch.Tensor:
@@ -90,7 +138,7 @@ class FastConformerSubsampling(nn.Module):
                     lengths = self._length(lengths)
                 x = zero_beyond(x, lengths, 2)
         batch, channels, frames, freq = x.shape
-        return self.linear(x.transpose(1, 2).reshape(batch, frames, channels * freq))
+        return packed_linear(self.linear, x.transpose(1, 2).reshape(batch, frames, channels * freq))
 
 
 def relative_positions(frames: int, dim: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -117,16 +165,19 @@ class RelPositionAttention(MultiHeadAttention):
         self.bias_u = nn.Parameter(torch.zeros(heads, h // heads))
         self.bias_v = nn.Parameter(torch.zeros(heads, h // heads))
 
+    def project(self, x: torch.Tensor, which: int) -> torch.Tensor:
+        return split_heads(packed_linear(getattr(self, self.names[which]), x), self.n_heads)
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor, shift: torch.Tensor,
                 lengths: torch.Tensor | None) -> torch.Tensor:
         q, k, v = self.project(x, 0), self.project(x, 1), self.project(x, 2)
-        rel = self.relative_k_proj(positions).view(-1, self.n_heads, self.head_dim).transpose(0, 1)
+        rel = packed_linear(self.relative_k_proj, positions).view(-1, self.n_heads, self.head_dim).transpose(0, 1)
         scale = self.head_dim ** -0.5
         # (B, H, T, 2T - 1) position scores, then each query's T columns of its own relative offsets
         bd = torch.matmul(q + self.bias_v[None, :, None, :], rel.transpose(-1, -2)[None])
         bd = torch.gather(bd, -1, shift.expand(bd.shape[0], bd.shape[1], -1, -1)) * scale
         out = attend(q + self.bias_u[None, :, None, :], k, v, key_lengths=lengths, bias=bd, scale=scale)
-        return self.o_proj(merge_heads(out))
+        return packed_linear(self.o_proj, merge_heads(out))
 
 
 class FastConformerConvolution(nn.Module):
@@ -141,8 +192,8 @@ class FastConformerConvolution(nn.Module):
         self.pointwise_conv2 = PointwiseConv1d(h, h, bias=bias)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
-        x = zero_beyond(self.glu(self.pointwise_conv1(x)), lengths, 1)
-        return self.pointwise_conv2(self.activation(self.norm(self.depthwise_conv(x))))
+        x = zero_beyond(self.glu(packed_linear(self.pointwise_conv1, x)), lengths, 1)
+        return packed_linear(self.pointwise_conv2, self.activation(self.norm(self.depthwise_conv(x))))
 
 
 class FastConformerBlock(nn.Module):
@@ -159,10 +210,10 @@ class FastConformerBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, shift: torch.Tensor,
                 lengths: torch.Tensor | None) -> torch.Tensor:
-        x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
+        x = x + 0.5 * feed_forward(self.feed_forward1, self.norm_feed_forward1(x))
         x = x + self.self_attn(self.norm_self_att(x), positions, shift, lengths)
         x = x + self.conv(self.norm_conv(x), lengths)
-        x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
+        x = x + 0.5 * feed_forward(self.feed_forward2, self.norm_feed_forward2(x))
         return self.norm_out(x)
 
 
