@@ -5,7 +5,7 @@ weights, CPU-bound).
     OMP_NUM_THREADS=1 python benchmarks/ray.py [--files 80] [--seconds 20] [--repeats 2]
 
 With the defaults (80 files, 1400 s of audio, each worker count run twice, alternating) it takes about
-5 minutes on an idle 2-core box; ``--repeats 1`` about 3.
+4-5 minutes on an idle 2-core box; ``--repeats 1`` about 3 (6.5 on the shared box at load average 12).
 
 The peer is the same job with one worker on the same local Ray cluster, measured in the same run; the
 in-process engine (one thread, no Ray) is printed beside it to show Ray's own overhead.  Ray is started,
