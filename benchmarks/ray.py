@@ -102,7 +102,7 @@ def run_jobs(corpus: Path, bundle: Path, root: Path, audio_seconds: float, repea
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=80)
-    parser.add_argument("--seconds", type=float, default=20.0, help="mean file duration")
+    parser.add_argument("--seconds", type=float, default=20.0, help="file durations are 0.5, 0.75, 1 and 1.25 x this")
     parser.add_argument("--repeats", type=int, default=2, help="jobs per worker count (alternating order)")
     args = parser.parse_args()
 
