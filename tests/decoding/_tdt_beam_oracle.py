@@ -68,17 +68,21 @@ def nbest_mismatch(ours: list, theirs: list[dict], *, abs_tol: float = 1e-4, rel
 
 
 @contextlib.contextmanager
-def perturbed_head(joiner, seed: int, scale: float = 3e-5):
-    """The joiner with its output layer (its last module with a 2-D weight) moved by ``scale`` x N(0, 1) noise,
-    restored on exit: a result that changes under it sits on a near-tie (the scale is far above float32 noise)."""
-    head = [m for m in joiner.modules() if isinstance(getattr(m, "weight", None), torch.Tensor)
-            and m.weight.dim() == 2][-1]
-    saved = {k: v.clone() for k, v in head.state_dict().items()}
+def perturbed_head(joiner, seed: int, scale: float = 1e-6, layer: int = -1):
+    """The joiner with one layer (``layer`` among its modules with a 2-D weight, in order: -1 the output layer,
+    0 the encoder projection) moved by ``scale`` x its mean magnitude x N(0, 1) noise, restored on exit.  A
+    result that changes under it sits on a near-tie: choose ``scale`` well above the float noise of the two
+    implementations at that layer (bit-level for the same frames; the encoder tolerance for the frames of
+    two encoders)."""
+    module = [m for m in joiner.modules() if isinstance(getattr(m, "weight", None), torch.Tensor)
+              and m.weight.dim() == 2][layer]
+    saved = {k: v.clone() for k, v in module.state_dict().items()}
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for p in head.parameters():
-            p.add_(torch.randn(p.shape, generator=g, dtype=torch.float32).to(p.dtype) * scale)
+        for p in module.parameters():
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float32).to(p.dtype)
+            p.add_(noise * scale * p.abs().mean())
     try:
         yield joiner
     finally:
-        head.load_state_dict(saved)
+        module.load_state_dict(saved)

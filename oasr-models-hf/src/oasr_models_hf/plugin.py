@@ -66,7 +66,7 @@ def oasr_register_models(register) -> None:
         config="oasr_models_hf.fastconformer.config:ParakeetTdtConfig",
         converter="oasr_models_hf.fastconformer.convert:ParakeetTdtConverter",
         description="NVIDIA Parakeet TDT (Hugging Face parakeet_tdt): FastConformer + LSTM predictor, "
-                    "token-and-duration transducer greedy decoding",
+                    "token-and-duration transducer greedy and beam decoding",
     )
     for kind, model, what in (("ctc", "ParakeetCtc", "CTC (or a hybrid's CTC head)"),
                               ("rnnt", "ParakeetRnnt", "RNN-T (and hybrid RNNT+CTC: RNN-T head)"),
@@ -83,8 +83,16 @@ def oasr_register_models(register) -> None:
         model="oasr_models_hf.fastconformer.nemotron:NemotronAsrStreamingModel",
         config="oasr_models_hf.fastconformer.nemotron:NemotronAsrConfig",
         converter="oasr_models_hf.fastconformer.nemo_convert:NemoRnntStreamingConverter",
-        description="NVIDIA NeMo .nemo archive, cache-aware FastConformer RNN-T (hybrid: RNN-T head), offline "
-                    "with the trained chunked_limited mask",
+        description="NVIDIA NeMo .nemo archive, cache-aware FastConformer RNN-T (hybrid: RNN-T head) or TDT, "
+                    "offline with the trained chunked_limited mask and streaming",
+    )
+    register(
+        "nemo_ctc_streaming",
+        model="oasr_models_hf.fastconformer.nemotron:NemotronCtcStreamingModel",
+        config="oasr_models_hf.fastconformer.nemotron:NemotronCtcConfig",
+        converter="oasr_models_hf.fastconformer.nemo_convert:NemoCtcStreamingConverter",
+        description="NVIDIA NeMo .nemo archive, cache-aware FastConformer CTC, offline with the trained "
+                    "chunked_limited mask and streaming",
     )
     register(  # nemotron: the helper fastconformer-streaming
         "nemotron_asr_streaming",

@@ -4,6 +4,7 @@ A ``.nemo`` file (see :mod:`oasr_models_hf.fastconformer.nemo`) is claimed by wh
 ``model_config.yaml`` holds (specificity 30):
 
 - ``nemo_ctc``: a CTC model (``EncDecCTCModelBPE``: ``decoder`` a ``ConvASRDecoder``, no ``joint``);
+  ``nemo_ctc_streaming`` a cache-aware one, on the Nemotron encoder as ``nemo_rnnt_streaming`` below;
 - ``nemo_rnnt``: an RNN-T model (``EncDecRNNTBPEModel``: ``decoder`` an ``RNNTDecoder``, ``joint`` an
   ``RNNTJoint``), and a hybrid RNNT+CTC model (``EncDecHybridRNNTCTCBPEModel``, which adds ``aux_ctc``):
   its RNN-T head is the default, ``architecture="nemo_ctc"`` picks its CTC head;
@@ -11,10 +12,10 @@ A ``.nemo`` file (see :mod:`oasr_models_hf.fastconformer.nemo`) is claimed by wh
   durations come from ``decoding.durations``, ``loss.tdt_kwargs.durations`` or
   ``model_defaults.tdt_durations``, in that order; ``decoding.strategy: beam`` makes NeMo's TDT beam search
   (``beam.beam_size``) the default search;
-- ``nemo_rnnt_streaming``: a cache-aware RNN-T (or hybrid) model — causal subsampling, causal convolutions
+- ``nemo_rnnt_streaming``: a cache-aware RNN-T, hybrid or TDT model — causal subsampling, causal convolutions
   with ``layer_norm``, ``chunked_limited`` attention — on the Nemotron encoder: the config's first
   ``att_context_size`` ``[left, right]`` is ``sliding_window = left + 1`` and ``num_lookahead_tokens = right``,
-  and its mask applies offline too.  (``nemo_rnnt`` claims only the other RNN-T archives.)
+  and its mask applies offline too.  (``nemo_rnnt`` and ``nemo_tdt`` claim only the other RNN-T / TDT archives.)
 
 Config mapping (NeMo's ``ConformerEncoder`` field → OASR :class:`FastConformerConfig`): ``feat_in`` →
 ``num_mel_bins``, ``d_model`` → ``hidden_size``, ``n_layers``, ``n_heads``, ``d_model * ff_expansion_factor``
@@ -22,8 +23,8 @@ Config mapping (NeMo's ``ConformerEncoder`` field → OASR :class:`FastConformer
 ``d_model``), ``xscaling`` → ``scale_input``, ``use_bias`` → both biases.  What the encoders do not
 compute is refused by name: another ``subsampling`` than ``dw_striding``, another attention than ``rel_pos``,
 tied position biases, another norm than ``batch_norm``, a ``feat_out`` projection, and the cache-aware
-fields outside an RNN-T archive (``causal_downsampling``, a limited ``att_context_size``, a causal
-``conv_context_size``).
+fields are read by the cache-aware converters only (``causal_downsampling``, a limited ``att_context_size``, a
+causal ``conv_context_size``).
 
 The preprocessor (``AudioToMelSpectrogramPreprocessor``) becomes the ``nemotron_logmel`` FeatureSpec with
 NeMo's defaults for absent fields: 25 ms / 10 ms hann windows, n_fft 512, pre-emphasis 0.97, per-feature
@@ -144,14 +145,15 @@ def _check_encoder(path: Path, enc: dict[str, Any]) -> None:
              ("untie_biases", True, "the position biases must be per layer (untie_biases: true)"),
              ("conv_norm_type", "batch_norm", "the convolution module's norm must be batch_norm"),
              ("feat_out", -1, "an output projection after the blocks is not implemented"),
-             ("causal_downsampling", False, "causal subsampling (cache-aware configs) is read for RNN-T archives "
-                                     "only (nemo_rnnt_streaming)"))
+             ("causal_downsampling", False, "causal subsampling (cache-aware configs) is read by the "
+                                     "cache-aware architectures (nemo_ctc_streaming, nemo_rnnt_streaming)"))
     for key, want, why in rules:
         if enc.get(key, want) != want:
             raise _refuse(path, f"encoder.{key}", enc[key], why)
     if any(v != -1 for v in _context_values(enc)):
         raise _refuse(path, "encoder.att_context_size", enc["att_context_size"], "a limited attention context "
-                      "(cache-aware configs) is read for RNN-T archives only (nemo_rnnt_streaming)")
+                      "(cache-aware configs) is read by the cache-aware architectures (nemo_ctc_streaming, "
+                      "nemo_rnnt_streaming)")
     conv_context = enc.get("conv_context_size")
     k = int(enc.get("conv_kernel_size", 31))
     if conv_context not in (None, "None", [(k - 1) // 2, (k - 1) // 2]):
@@ -306,6 +308,7 @@ class NemoCtcConverter(_NemoConverter):
 
     architecture = "nemo_ctc"
     kinds = ("ctc",)
+    streaming: ClassVar[bool | None] = False
     expected_unused_prefixes = _NemoConverter.expected_unused_prefixes + ("decoder.prediction.", "joint.")
 
     def head_renames(self, kind: str) -> tuple[tuple[str, Any], ...]:
@@ -315,10 +318,32 @@ class NemoCtcConverter(_NemoConverter):
     def build_config(self, path: Path, state_dict: dict[str, torch.Tensor]) -> ParakeetCtcConfig:
         archive = self.archive(path)
         vocab = _head_vocab(archive.path, state_dict, "ctc_head.weight")
-        return ParakeetCtcConfig(vocab_size=vocab, blank_id=vocab - 1, **encoder_fields(archive.path, archive.config))
+        return self.config_class(vocab_size=vocab, blank_id=vocab - 1,
+                                 **encoder_fields(archive.path, archive.config, streaming=bool(self.streaming)))
+
+    @property
+    def config_class(self):
+        return ParakeetCtcConfig
 
     def decoding_defaults(self, path: Path, config: ParakeetCtcConfig) -> DecodingDefaults:
         return DecodingDefaults(decode_type="ctc", blank_id=config.blank_id)
+
+
+class NemoCtcStreamingConverter(NemoCtcConverter):
+    """A cache-aware ``.nemo`` CTC archive on the Nemotron encoder (or a cache-aware hybrid's CTC head when asked
+    for by name), offline with the trained ``chunked_limited`` mask, streaming on the ``slot`` backend."""
+
+    architecture = "nemo_ctc_streaming"
+    streaming = True
+
+    @property
+    def config_class(self):  # the Nemotron module imports only when a cache-aware archive loads
+        from oasr_models_hf.fastconformer.nemotron import NemotronCtcConfig
+
+        return NemotronCtcConfig
+
+    def head_renames(self, kind: str) -> tuple[tuple[str, Any], ...]:
+        return super().head_renames(kind) + _STREAMING_RENAMES
 
 
 class NemoRnntConverter(_NemoConverter):
@@ -366,47 +391,67 @@ class NemoRnntConverter(_NemoConverter):
                                 options={"max_symbols": config.max_symbols_per_step})
 
 
+def tdt_fields(path: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """A TDT archive's durations: ``decoding.durations``, ``loss.tdt_kwargs.durations`` or
+    ``model_defaults.tdt_durations``, the first present."""
+    loss = (config.get("loss") or {}).get("tdt_kwargs") or {}
+    for durations in ((config.get("decoding") or {}).get("durations"), loss.get("durations"),
+                      (config.get("model_defaults") or {}).get("tdt_durations")):
+        if durations:
+            return {"tdt_durations": tuple(int(d) for d in durations)}
+    raise CheckpointFormatError(f"{path}: a TDT model_config.yaml names no durations (decoding.durations, "
+                                f"loss.tdt_kwargs.durations or model_defaults.tdt_durations)", path=path)
+
+
+def tdt_decoding_defaults(path: Path, config: dict[str, Any], defaults: DecodingDefaults) -> DecodingDefaults:
+    """Greedy, or NeMo's TDT beam search when the archive's ``decoding.strategy`` is ``beam`` (its
+    ``beam.beam_size``, default 4); other strategies (``maes``, ``malsd_batch``) decode greedily."""
+    decoding = config.get("decoding") or {}
+    if decoding.get("strategy") != "beam":
+        return defaults
+    beam = decoding.get("beam") or {}
+    for key, want in (("score_norm", True), ("softmax_temperature", 1.0)):
+        if beam.get(key, want) != want:
+            raise _refuse(path, f"decoding.beam.{key}", beam[key],
+                          f"the TDT beam search ranks as NeMo's default ({key}={want})")
+    return DecodingDefaults(decode_type=defaults.decode_type, blank_id=defaults.blank_id,
+                            options=dict(defaults.options, search="modified_beam",
+                                         beam_size=int(beam.get("beam_size", 4))))
+
+
 class NemoTdtConverter(NemoRnntConverter):
-    """A ``.nemo`` TDT archive (``EncDecRNNTBPEModel`` with the ``tdt`` loss)."""
+    """A ``.nemo`` TDT archive (``EncDecRNNTBPEModel`` with the ``tdt`` loss), not cache-aware."""
 
     architecture = "nemo_tdt"
     kinds = ("tdt",)
-    streaming = None
     config_class = ParakeetTdtConfig
 
     def head_fields(self, path: Path, config: dict[str, Any]) -> dict[str, Any]:
-        loss = (config.get("loss") or {}).get("tdt_kwargs") or {}
-        for durations in ((config.get("decoding") or {}).get("durations"), loss.get("durations"),
-                          (config.get("model_defaults") or {}).get("tdt_durations")):
-            if durations:
-                return {"tdt_durations": tuple(int(d) for d in durations)}
-        raise CheckpointFormatError(f"{path}: a TDT model_config.yaml names no durations (decoding.durations, "
-                                    f"loss.tdt_kwargs.durations or model_defaults.tdt_durations)", path=path)
+        return tdt_fields(path, config)
 
     def decoding_defaults(self, path: Path, config: ParakeetRnntConfig) -> DecodingDefaults:
-        """Greedy, or NeMo's TDT beam search when the archive's ``decoding.strategy`` is ``beam`` (its
-        ``beam.beam_size``, default 4); other strategies (``maes``, ``malsd_batch``) decode greedily."""
-        defaults = super().decoding_defaults(path, config)
         archive = self.archive(path)
-        decoding = archive.config.get("decoding") or {}
-        if decoding.get("strategy") != "beam":
-            return defaults
-        beam = decoding.get("beam") or {}
-        for key, want in (("score_norm", True), ("softmax_temperature", 1.0)):
-            if beam.get(key, want) != want:
-                raise _refuse(archive.path, f"decoding.beam.{key}", beam[key],
-                              f"the TDT beam search ranks as NeMo's default ({key}={want})")
-        return DecodingDefaults(decode_type=defaults.decode_type, blank_id=defaults.blank_id,
-                                options=dict(defaults.options, search="modified_beam",
-                                             beam_size=int(beam.get("beam_size", 4))))
+        return tdt_decoding_defaults(archive.path, archive.config, super().decoding_defaults(path, config))
 
 
 class NemoRnntStreamingConverter(NemoRnntConverter):
-    """A cache-aware ``.nemo`` RNN-T archive (or hybrid: its RNN-T head) on the Nemotron encoder, offline with the
-    trained ``chunked_limited`` mask of the config's first (default) ``att_context_size``."""
+    """A cache-aware ``.nemo`` RNN-T archive (or hybrid: its RNN-T head; or TDT: its durations) on the Nemotron
+    encoder, offline with the trained ``chunked_limited`` mask of the config's first (default)
+    ``att_context_size``."""
 
     architecture = "nemo_rnnt_streaming"
+    kinds = ("rnnt", "hybrid", "tdt")
     streaming = True
+
+    def head_fields(self, path: Path, config: dict[str, Any]) -> dict[str, Any]:
+        return tdt_fields(path, config) if nemo_kind(config) == "tdt" else {}
+
+    def decoding_defaults(self, path: Path, config: ParakeetRnntConfig) -> DecodingDefaults:
+        archive = self.archive(path)
+        defaults = super().decoding_defaults(path, config)
+        if nemo_kind(archive.config) != "tdt":
+            return defaults
+        return tdt_decoding_defaults(archive.path, archive.config, defaults)
 
     @property
     def config_class(self):  # the Nemotron module imports only when a cache-aware archive loads
@@ -418,5 +463,5 @@ class NemoRnntStreamingConverter(NemoRnntConverter):
         return _TRANSDUCER_RENAMES + _STREAMING_RENAMES
 
 
-__all__ = ["NemoCtcConverter", "NemoRnntConverter", "NemoRnntStreamingConverter", "NemoTdtConverter",
+__all__ = ["NemoCtcConverter", "NemoCtcStreamingConverter", "NemoRnntConverter", "NemoRnntStreamingConverter", "NemoTdtConverter",
            "feature_spec", "nemo_kind"]

@@ -30,17 +30,17 @@ import torch
 from torch import nn
 
 from oasr.errors import ConfigError, RequestError
-from oasr.layers import Linear, Relu
+from oasr.layers import CtcProjection, Linear, Relu
 from oasr.models.base import BaseAsrModel
 from oasr.models.specs import DecodingDefaults, FeatureSpec
-from oasr_models_hf.fastconformer.config import ParakeetRnntConfig
+from oasr_models_hf.fastconformer.config import ParakeetCtcConfig, ParakeetRnntConfig
 from oasr_models_hf.fastconformer.convert import (
     ParakeetRnntConverter,
     encoder_fields,
     feature_extractor_settings,
     nemo_feature_spec,
 )
-from oasr_models_hf.fastconformer.model import FastConformerModel
+from oasr_models_hf.fastconformer.model import FastConformerModel, squeeze_k1
 from oasr_models_hf.fastconformer.nemotron_encoder import NemotronEncoder
 from oasr_models_hf.fastconformer.predictor import LstmTransducerHeads
 from oasr_models_hf.lasr.convert import read_json
@@ -56,9 +56,18 @@ class NemotronAsrConfig(ParakeetRnntConfig):
     sliding_window: int = 71
     #: right context (lookahead) in encoder frames; the trained chunk is ``num_lookahead_tokens + 1``
     num_lookahead_tokens: int = 13
+    #: () for RNN-T; a cache-aware TDT ``.nemo`` model's durations (the joint's extra logits)
+    tdt_durations: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+
+    @property
+    def durations(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.tdt_durations)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
+        if self.tdt_durations and min(self.tdt_durations) < 0:
+            raise ConfigError(f"TDT durations must be frame counts >= 0, got {list(self.tdt_durations)}",
+                              key="durations")
         if self.sliding_window < 1:
             raise ConfigError(f"sliding_window must be >= 1, got {self.sliding_window}", key="sliding_window")
         if self.num_lookahead_tokens < 0:
@@ -145,6 +154,57 @@ class NemotronAsrStreamingModel(LstmTransducerHeads, BaseAsrModel):
         return (f"hidden={c.hidden_size}, layers={c.num_hidden_layers}, vocab={c.vocab_size}, "
                 f"lookahead={c.num_lookahead_tokens}, window={c.sliding_window}, "
                 f"predictor={c.num_decoder_layers}x{c.decoder_hidden_size}")
+
+
+@attrs.define(kw_only=True)
+class NemotronCtcConfig(ParakeetCtcConfig):
+    """A cache-aware FastConformer CTC model (a NeMo ``.nemo`` archive): the CTC fields plus the trained attention
+    geometry of :class:`NemotronAsrConfig`."""
+
+    sliding_window: int = 71
+    num_lookahead_tokens: int = 13
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        if self.sliding_window < 1:
+            raise ConfigError(f"sliding_window must be >= 1, got {self.sliding_window}", key="sliding_window")
+        if self.num_lookahead_tokens < 0:
+            raise ConfigError(f"num_lookahead_tokens must be >= 0, got {self.num_lookahead_tokens}",
+                              key="num_lookahead_tokens")
+
+
+class NemotronCtcStreamingModel(BaseAsrModel):
+    """The cache-aware encoder and a CTC head (``ctc_head``), decoded by the core ``ctc`` family offline and
+    streaming."""
+
+    config_class = NemotronCtcConfig
+    max_segment_seconds = None
+
+    def __init__(self, config: NemotronCtcConfig):
+        super().__init__(config)
+        self.encoder = NemotronEncoder(config)
+        self.ctc_head = CtcProjection(config.hidden_size, config.vocab_size)
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return frozenset({"ctc"})
+
+    def remap_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = dict(super().remap_state_dict(state_dict))
+        squeeze_k1(out, "ctc_head.weight")
+        return out
+
+    def encode_offline(self, feats: torch.Tensor, feat_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.encoder(feats, feat_lens)
+
+    def ctc_log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.ctc_head(hidden)
+
+    def forward_offline(self, feats: torch.Tensor, feat_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden, lengths = self.encode_offline(feats, feat_lens)
+        return self.ctc_head(hidden), lengths
+
+    quantization_layout = FastConformerModel.quantization_layout
 
 
 class Nemotron35AsrModel(NemotronAsrStreamingModel):
@@ -260,4 +320,5 @@ class Nemotron35AsrConverter(NemotronAsrStreamingConverter):
 
 
 __all__ = ["Nemotron35AsrConfig", "Nemotron35AsrConverter", "Nemotron35AsrModel", "NemotronAsrConfig",
-           "NemotronAsrStreamingConverter", "NemotronAsrStreamingModel"]
+           "NemotronAsrStreamingConverter", "NemotronAsrStreamingModel", "NemotronCtcConfig",
+           "NemotronCtcStreamingModel"]

@@ -1,12 +1,12 @@
 """NeMo's side of the ``.nemo`` parity tests; run by the tests in NeMo's own venv (a subprocess).
 
 ``python nemo_oracle.py KIND OUT WAV...`` builds a tiny random FastConformer model of ``KIND`` (``ctc``,
-``rnnt``, ``tdt``, ``hybrid``, ``rnnt_cache``) from a dict config with NeMo's own classes — a SentencePiece
+``rnnt``, ``tdt``, ``hybrid``, and the cache-aware ``ctc_cache``, ``rnnt_cache``, ``tdt_cache``) from a dict config with NeMo's own classes — a SentencePiece
 tokenizer trained on a small corpus, init widened so the tokens vary (BatchNorm statistics random, a CTC head
 scaled up, a transducer joint's blank bias calibrated so blank wins about 80 % of the (frame, label) pairs) —
 ``save_to()``s ``OUT/model.nemo``, and writes ``OUT/oracle.pt``: ``transcribe()``'s text and token ids per
 clip (each clip alone, batch size 1) and, after ``.eval()`` (``transcribe()`` leaves dropout on), NeMo's
-log-mel features and encoder output per clip; for ``tdt`` also NeMo's beam search (``beam_outputs``).
+log-mel features and encoder output per clip; for the TDT kinds also NeMo's beam search (``beam_outputs``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ WORDS = ("the quick brown fox jumps over the lazy dog please call me back when y
          "no the weather today is sunny with a light breeze and the sea is calm").split()
 MELS, D_MODEL, PRED = 80, 32, 40
 DURATIONS = [0, 1, 2, 3, 4]
+CTC, TDT, CACHE_AWARE = ("ctc", "ctc_cache"), ("tdt", "tdt_cache"), ("ctc_cache", "rnnt_cache", "tdt_cache")
 
 
 def train_tokenizer(root: Path) -> Path:
@@ -61,16 +62,18 @@ def model_config(kind: str, tokdir: Path) -> dict:
         "sample_rate": 16000,
         "tokenizer": {"dir": str(tokdir), "type": "bpe"},
         "preprocessor": {"_target_": "nemo.collections.asr.modules.AudioToMelSpectrogramPreprocessor",
-                         "sample_rate": 16000, "normalize": "per_feature", "window_size": 0.025,
+                         "sample_rate": 16000, "window_size": 0.025,
                          "window_stride": 0.01, "window": "hann", "features": MELS, "n_fft": 512, "log": True,
-                         "frame_splicing": 1, "dither": 1e-5, "pad_to": 0, "pad_value": 0.0},
-        "encoder": encoder_config(kind == "rnnt_cache"),
+                         "frame_splicing": 1, "dither": 1e-5, "pad_to": 0, "pad_value": 0.0,
+                         # NeMo's cache-aware recipes do not normalize (a streamed utterance has no whole)
+                         "normalize": "NA" if kind in CACHE_AWARE else "per_feature"},
+        "encoder": encoder_config(kind in CACHE_AWARE),
     }
     ctc_decoder = {"_target_": "nemo.collections.asr.modules.ConvASRDecoder", "feat_in": D_MODEL,
                    "num_classes": -1, "vocabulary": []}
-    if kind == "ctc":
+    if kind in CTC:
         return dict(cfg, decoder=ctc_decoder)
-    tdt = kind == "tdt"
+    tdt = kind in TDT
     cfg.update(
         model_defaults={"enc_hidden": D_MODEL, "pred_hidden": PRED, "joint_hidden": PRED,
                         **({"tdt_durations": DURATIONS, "num_tdt_durations": len(DURATIONS)} if tdt else {})},
@@ -97,12 +100,27 @@ def build(kind: str, tokdir: Path):
     from nemo.collections.asr.models import EncDecCTCModelBPE, EncDecHybridRNNTCTCBPEModel, EncDecRNNTBPEModel
     from omegaconf import OmegaConf
 
-    cls = {"ctc": EncDecCTCModelBPE, "hybrid": EncDecHybridRNNTCTCBPEModel}.get(kind, EncDecRNNTBPEModel)
+    cls = {"ctc": EncDecCTCModelBPE, "ctc_cache": EncDecCTCModelBPE,
+           "hybrid": EncDecHybridRNNTCTCBPEModel}.get(kind, EncDecRNNTBPEModel)
     torch.manual_seed(0)
     return cls(cfg=OmegaConf.create(model_config(kind, tokdir)))
 
 
-def widen(model, kind: str) -> None:
+def speech_features(model, wavs: list[Path]) -> torch.Tensor:
+    """(1, MELS, T): the preprocessor's features of the clips, end to end (eval mode: no dither)."""
+    model.eval()
+    feats = []
+    with torch.no_grad():
+        for wav in wavs:
+            audio, _ = soundfile.read(str(wav), dtype="float32")
+            signal = torch.from_numpy(audio)[None]
+            mel, mel_len = model.preprocessor(input_signal=signal, length=torch.tensor([signal.shape[1]]))
+            feats.append(mel[:, :, : int(mel_len[0])])
+    return torch.cat(feats, dim=2)
+
+
+def widen(model, kind: str, feats: torch.Tensor) -> None:
+    """``feats``: unnormalized speech features, which a cache-aware kind (no normalization) is calibrated on."""
     generator = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for module in model.encoder.modules():  # as transformers' initializer_range=0.5
@@ -114,27 +132,39 @@ def widen(model, kind: str) -> None:
                 module.running_var.uniform_(0.5, 2.0, generator=generator)
                 module.weight.uniform_(0.5, 1.5, generator=generator)
                 module.bias.uniform_(-0.2, 0.2, generator=generator)
-        heads = [model.decoder] if kind == "ctc" else ([model.ctc_decoder] if kind == "hybrid" else [])
+        heads = [model.decoder] if kind in CTC else ([model.ctc_decoder] if kind == "hybrid" else [])
         for head in heads:
             layer = head.decoder_layers[0]
             layer.weight.mul_(4.0)
             layer.bias.uniform_(-1.0, 1.0, generator=generator)
-        if kind == "tdt":  # TDT skips frames: the frames, not the last label or a bias, must choose the labels
+        if kind in TDT + ("rnnt_cache",):
+            # TDT skips frames, and unnormalized features vary little: the frames, not the last label or a
+            # bias, must choose the labels
             model.joint.pred.weight.mul_(0.2)
             model.joint.enc.weight.mul_(4.0)
             model.joint.joint_net[-1].bias.zero_()
-        if kind != "ctc":
-            calibrate_blank(model, share=0.5 if kind == "tdt" else 0.8)
+        if kind in CACHE_AWARE:
+            # unnormalized log-mels give every frame of a random encoder a large common part, which would pick
+            # one label everywhere: center the head's (CTC) or the joint's encoder projection on the mean frame
+            model.eval()
+            enc, _ = model.encoder(audio_signal=feats, length=torch.tensor([feats.shape[2]]))
+            layer = model.decoder.decoder_layers[0] if kind in CTC else model.joint.enc
+            layer.bias.sub_(layer.weight.reshape(layer.weight.shape[0], -1) @ enc[0].mean(-1))
+        if kind not in CTC:
+            calibrate_blank(model, share=0.5 if kind in TDT else 0.8,
+                            feats=feats if kind in CACHE_AWARE else None)
 
 
-def calibrate_blank(model, share: float = 0.8) -> None:
-    """Raise the joint's blank bias so blank wins about ``share`` of (frame, label) pairs on normal features."""
+def calibrate_blank(model, share: float = 0.8, feats: torch.Tensor | None = None) -> None:
+    """Raise the joint's blank bias so blank wins about ``share`` of (frame, label) pairs on ``feats``
+    (default: normal features)."""
     model.eval()
     head = model.joint.joint_net[-1]
     head.weight.mul_(0.25)
     blank = model.decoder.blank_idx
-    feats = torch.randn(1, MELS, 320, generator=torch.Generator().manual_seed(7))
-    enc, _ = model.encoder(audio_signal=feats, length=torch.tensor([320]))
+    if feats is None:
+        feats = torch.randn(1, MELS, 320, generator=torch.Generator().manual_seed(7))
+    enc, _ = model.encoder(audio_signal=feats, length=torch.tensor([feats.shape[2]]))
     labels = torch.arange(blank)[:, None]
     pred, _ = model.decoder.predict(labels, state=None, add_sos=False, batch_size=blank)
     f = model.joint.enc(enc.transpose(1, 2))[0]                    # (T, J)
@@ -206,7 +236,7 @@ def main(argv: list[str]) -> int:
     wavs = [Path(p) for p in argv[2:]]
     torch.set_num_threads(1)
     model = build(kind, train_tokenizer(out / "tok"))
-    widen(model, kind)
+    widen(model, kind, speech_features(model, wavs))
     model.eval()
     model.save_to(str(out / "model.nemo"))
     from omegaconf import open_dict
@@ -239,7 +269,7 @@ def main(argv: list[str]) -> int:
             enc, enc_len = model.encoder(audio_signal=mel, length=mel_len)
             feats.append(mel[0, :, : int(mel_len[0])].T.contiguous())
             encoded.append(enc[0, :, : int(enc_len[0])].T.contiguous())
-    if kind == "tdt":
+    if kind in TDT:
         extra.update(beam_outputs(model, wavs, encoded))
     keys = sorted(model.state_dict())
     torch.save({"texts": texts, "tokens": tokens, "logprobs": logprobs, "feats": feats, "encoder": encoded, "keys": keys,

@@ -6,6 +6,8 @@ contract and the refusal of beam search on a recurrent predictor."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -179,9 +181,77 @@ def test_batched_equals_one_at_a_time(ours, speech):
         assert a.tokens == b.tokens and a.text == b.text
 
 
-def test_beam_search_is_refused_naming_the_recurrent_predictor(ours, speech):
+def test_rnnt_beam_search_is_refused_naming_the_recurrent_predictor(ours, speech):
+    if ours.model.joiner.durations:
+        return  # a TDT joint has NeMo's TDT beam search (test_tdt_beam_search_equals_nemo_beam_tdt_infer)
     out = Engine(EngineConfig(), loaded=ours).transcribe_outputs(speech[2], decoding=DecodingOptions(beam_size=4))
     assert out.error and "recurrent" in out.error and out.text == ""
+
+
+@contextlib.contextmanager
+def _zero_blank_embedding(predictor):
+    """NeMo's prediction network starts from a zero input (its blank is the embedding's zero padding row, as
+    in every NeMo-trained checkpoint); a random transformers embedding has a non-zero blank row."""
+    saved = predictor.embedding.weight.detach().clone()
+    with torch.no_grad():
+        predictor.embedding.weight[predictor.blank_id].zero_()
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            predictor.embedding.weight.copy_(saved)
+
+
+def _nemo_spec(model, encoder: list[torch.Tensor], beam: int) -> dict:
+    from tests.decoding._tdt_beam_oracle import lstm_joint_spec
+
+    lstm, joint = model.predictor.lstm, model.joiner
+    layers = [tuple(getattr(lstm, f"{name}_l{i}") for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+              for i in range(lstm.num_layers)]
+    spec = lstm_joint_spec(model.predictor.embedding.weight, layers,
+                           (joint.encoder_projector.weight, joint.encoder_projector.bias),
+                           (joint.decoder_projector.weight, joint.decoder_projector.bias),
+                           (joint.head.weight, joint.head.bias), activation=model.config.joint_act,
+                           durations=joint.durations, encoder=encoder)
+    return dict(spec, runs=[["default", beam]])
+
+
+def test_tdt_beam_search_equals_nemo_beam_tdt_infer(ours, speech, tmp_path):
+    """``beam_size=4, n_best=4`` through the engine on ``parakeet_tdt``: the n-best (labels in order) and best
+    text equal NeMo's ``BeamTDTInfer`` (``decoding.strategy="beam"``) over NeMo's own prediction and joint
+    networks holding this checkpoint's weights, fed this checkpoint's encoder output (equal to transformers'
+    within 1e-4, tested above); clips whose n-best moves under a perturbation of the joint's head (far above
+    float noise) are near-ties and not compared."""
+    from tests.decoding._tdt_beam_oracle import perturbed_head, run_nemo_tdt_beam
+
+    model = ours.model
+    if not model.joiner.durations:
+        return  # RNN-T: beam search is refused (test_rnnt_beam_search_is_refused_naming_the_recurrent_predictor)
+    beam = 4
+    options = DecodingOptions(beam_size=beam, n_best=beam)
+    engine = Engine(EngineConfig(max_batch_size=1), loaded=ours)
+    with _zero_blank_embedding(model.predictor), torch.no_grad():
+        encoder = []
+        for audio in speech:
+            hidden, lengths = model.encode_offline(*_features(ours, [audio]))
+            encoder.append(hidden[0, : int(lengths[0])])
+        theirs = run_nemo_tdt_beam({"hf": _nemo_spec(model, encoder, beam)}, tmp_path)["hf"][f"default/{beam}"]
+        outputs = engine.transcribe_outputs(list(speech), decoding=options)
+        shaken = []
+        for seed in (1, 2):
+            with perturbed_head(model.joiner, seed):
+                shaken.append([o.nbest for o in engine.transcribe_outputs(list(speech), decoding=options)])
+    tokenizer = engine.tokenizer
+    compared = 0
+    for i, (out, nbest) in enumerate(zip(outputs, theirs, strict=True)):
+        assert out.error is None and out.nbest and len(out.nbest) <= beam
+        if any(other[i] != out.nbest for other in shaken):
+            continue
+        assert out.tokens == nbest[0]["tokens"], f"clip {i}: best labels differ from NeMo's beam"
+        assert out.nbest == [tokenizer.decode(h["tokens"]) for h in nbest][:beam]
+        compared += 1
+    assert compared >= len(speech) - 1, "too few clips were clear of near-ties to compare"
+    assert sum(len(n) > 1 for n in theirs) >= 2 and sum(len(n[0]["tokens"]) for n in theirs) >= 10
 
 
 # -- the predictor contract ---------------------------------------------------------------------------------------
