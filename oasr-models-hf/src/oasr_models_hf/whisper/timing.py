@@ -33,13 +33,21 @@ NO_SPACE_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "my", "yue"})
 MEDIAN_FILTER_WIDTH = 7
 
 
+#: token rows processed at a time by :func:`median_filter` and the token probabilities: a window's
+#: sliding copies, sorted values, int64 indices and softmax stay a few MB (~250 MB for 224 tokens at once)
+BLOCK_ROWS = 16
+
+
 def median_filter(x: torch.Tensor, width: int) -> torch.Tensor:
     """Median over a sliding window of ``width`` (odd) along the last axis, reflect-padded at the ends."""
     half = width // 2
     if x.shape[-1] <= half:
         return x
     padded = F.pad(x[None] if x.dim() == 2 else x, (half, half), mode="reflect")
-    out = padded.unfold(-1, width, 1).sort(dim=-1).values[..., half]
+    out = padded.new_empty(*padded.shape[:-1], x.shape[-1])
+    for row in range(0, padded.shape[-2], BLOCK_ROWS):
+        rows = padded[..., row:row + BLOCK_ROWS, :]
+        out[..., row:row + BLOCK_ROWS, :] = rows.unfold(-1, width, 1).sort(dim=-1).values[..., half]
     return out[0] if x.dim() == 2 else out
 
 
@@ -108,6 +116,17 @@ def split_words(tokenizer: Any, tokens: list[int], eot: int, language: str | Non
     return words, word_tokens
 
 
+def _token_probs(logits: torch.Tensor, tokens: list[int]) -> list[float]:
+    """``softmax(logits[i])[tokens[i]]`` per row, a few rows at a time (a window's full softmax would be
+    another (tokens, vocabulary) float32 copy, ~40 MB)."""
+    out: list[float] = []
+    for row in range(0, len(tokens), BLOCK_ROWS):
+        chunk = torch.tensor(tokens[row:row + BLOCK_ROWS])
+        probs = logits[row:row + BLOCK_ROWS].float().softmax(dim=-1)
+        out += probs[torch.arange(len(chunk)), chunk].tolist()
+    return out
+
+
 def _align(model: WhisperModel, tokenizer: Any, enc: torch.Tensor, text_tokens: list[int], sot_sequence: list[int],
            num_frames: int, language: str | None) -> list[dict]:
     gen = model.config.generation
@@ -115,8 +134,7 @@ def _align(model: WhisperModel, tokenizer: Any, enc: torch.Tensor, text_tokens: 
     ids = torch.tensor([tokens], device=enc.device)
     probs, logits = model.decoder.cross_attention(enc[None], ids, gen.alignment_heads, max_frames=num_frames // 2)
     start = len(sot_sequence)
-    token_probs = logits[0, start:, : gen.eot_id].float().softmax(dim=-1)
-    text_probs = token_probs[torch.arange(len(text_tokens)), torch.tensor(text_tokens)].tolist()
+    text_probs = _token_probs(logits[0, start:start + len(text_tokens), : gen.eot_id], text_tokens)
     weights = probs[0].float()  # (heads, tokens, frames)
     std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
     weights = median_filter((weights - mean) / std, MEDIAN_FILTER_WIDTH)

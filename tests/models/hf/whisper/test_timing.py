@@ -31,6 +31,8 @@ def test_median_filter_equals_openai():
     assert torch.equal(median_filter(x, 7), ref_filter(x, 7))
     short = torch.randn(2, 3)
     assert torch.equal(median_filter(short, 7), ref_filter(short, 7))
+    for tall in (torch.randn(4, 37, 200), torch.randn(33, 90)):  # more rows than one BLOCK_ROWS block
+        assert torch.equal(median_filter(tall, 7), ref_filter(tall, 7))
 
 
 @pytest.mark.parametrize("without_timestamps", [False, True], ids=["with-timestamps", "words-only"])
