@@ -36,6 +36,7 @@ from oasr.errors import CapabilityError
 from oasr.layers.attention import merge_heads, split_heads
 from oasr.models import BaseEncoder, CacheSpec, StreamingGeometry
 from oasr.models.streaming import KV, ChunkOutput
+from oasr_models_wenet import packed
 from oasr_models_wenet.config import SUBSAMPLING, ConformerEncoderConfig
 
 #: rows of WeNet's positional table built at construction; it grows on demand past this
@@ -119,7 +120,8 @@ class Conv2dSubsampling(nn.Module):
         """(B, T, F) → (B, T', d), already multiplied by √d (WeNet's RelPositionalEncoding)."""
         x = self._convolve(x.unsqueeze(1))
         b, c, t, f = x.shape
-        return self.out(x.transpose(1, 2).reshape(b, t, c * f)) * self.xscale
+        return packed.blocked(lambda rows: packed.linear(self.out, rows, scale=self.xscale),
+                              x.transpose(1, 2).reshape(b, t, c * f))
 
 
 class RelPositionSelfAttention(nn.Module):
@@ -139,29 +141,37 @@ class RelPositionSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, pos_emb: torch.Tensor, *, pos_index: torch.Tensor | None = None,
                 past: KV | None = None, mask: torch.Tensor | None = None,
-                key_lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, KV]:
-        """``x`` (B, T, d) → (B, T, d) and the (k, v) of these T frames, (B, H, T, d_k) each.
+                key_lengths: torch.Tensor | None = None,
+                residual: torch.Tensor | None = None) -> tuple[torch.Tensor, KV]:
+        """``x`` (B, T, d) → (B, T, d) (plus ``residual`` when given) and the (k, v) of these T frames,
+        (B, H, T, d_k) each.
 
         ``pos_emb`` holds table rows for the keys (``past`` then ``x``): (1 | B, Tk, d), or with
         ``pos_index`` (B, Tk) rows of a (1, R, d) table to pick per key.  ``mask`` (bool, True =
         visible) broadcasts to (B, H, T, Tk); ``key_lengths`` masks padded keys.
         """
         h = self.n_heads
-        q = split_heads(self.linear_q(x), h)
-        k = split_heads(self.linear_k(x), h)
-        v = split_heads(self.linear_v(x), h)
+        group = (self.linear_q, self.linear_k, self.linear_v)
+        if packed.fusable(group, x):  # one GEMM over [W_q; W_k; W_v]
+            qkv = packed.blocked(lambda rows: packed.linear_group(group, rows), x)
+            q, k, v = (split_heads(y, h) for y in qkv.split([m.out_features for m in group], dim=-1))
+        else:
+            q, k, v = (split_heads(m(x), h) for m in group)
         new = (k, v)
         if past is not None:
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
-        p = self.linear_pos(pos_emb)
+        p = packed.blocked(lambda rows: packed.linear(self.linear_pos, rows), pos_emb)
         if pos_index is not None:
             p = p[0][pos_index]
         p = split_heads(p, h).expand(x.size(0), -1, -1, -1)
         qq = torch.cat([q + self.pos_bias_u.unsqueeze(1), q + self.pos_bias_v.unsqueeze(1)], dim=-1)
         kk = torch.cat([k, p], dim=-1)
         out = self.core(qq, kk, v, mask=mask, key_lengths=key_lengths)
-        return self.linear_out(merge_heads(out)), new
+        if residual is None:
+            return self.linear_out(merge_heads(out)), new
+        return packed.blocked(lambda rows, res: packed.linear_add(self.linear_out, rows, res),
+                              merge_heads(out), residual), new
 
 
 class ConvolutionModule(nn.Module):
@@ -198,14 +208,16 @@ class ConvolutionModule(nn.Module):
 
     def forward(self, x: torch.Tensor, *, valid: torch.Tensor | None = None, cache: torch.Tensor | None = None,
                 fresh: torch.Tensor | None = None,
-                lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``x`` (B, T, C) → (B, T, C) and, when causal, the new tail (B, lorder, inner).
+                lengths: torch.Tensor | None = None,
+                residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``x`` (B, T, C) → (B, T, C) (plus ``residual`` when given) and, when causal, the new tail
+        (B, lorder, inner).
 
         ``cache``: the previous tail (None: every row starts here); ``fresh`` (B,) rows that start
         here regardless of ``cache``; ``lengths`` (B,) valid frames (the tail ends at each row's last
         valid frame; default all T).
         """
-        y = self.glu(self.pointwise_conv1(x))
+        y = packed.blocked(lambda rows: packed.glu_linear(self.pointwise_conv1, rows), x)
         if valid is not None:
             y = y.masked_fill(~valid.unsqueeze(-1), 0.0)
         tail = None
@@ -224,7 +236,9 @@ class ConvolutionModule(nn.Module):
                 index = lengths.view(-1, 1) + torch.arange(self.lorder, device=y.device)
                 tail = torch.gather(y, 1, index.unsqueeze(-1).expand(-1, -1, y.size(-1)))
         y = self.activation(self.norm(self.depthwise_conv(y)))
-        return self.pointwise_conv2(y), tail
+        if residual is None:
+            return self.pointwise_conv2(y), tail
+        return packed.blocked(lambda rows, res: packed.linear_add(self.pointwise_conv2, rows, res), y, residual), tail
 
 
 class ConformerLayer(nn.Module):
@@ -253,22 +267,26 @@ class ConformerLayer(nn.Module):
             self.norm_conv = layers.LayerNorm(d, cfg.norm_eps)
             self.norm_final = layers.LayerNorm(d, cfg.norm_eps)
 
+    def _feed_forward(self, ff: layers.FeedForward, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual + ff_scale * ff(x)``, the activation and the scaled residual add fused into the GEMMs."""
+        w_1, w_2 = getattr(ff, ff.names[0]), getattr(ff, ff.names[1])
+        return packed.blocked(lambda rows, res: packed.linear_add(w_2, packed.linear(w_1, rows, w_1.activation), res,
+                                                                  scale=self.ff_scale), x, residual)
+
     def forward(self, x: torch.Tensor, pos_emb: torch.Tensor, *, pos_index: torch.Tensor | None = None,
                 past: KV | None = None, mask: torch.Tensor | None = None,
                 key_lengths: torch.Tensor | None = None, valid: torch.Tensor | None = None,
                 conv_cache: torch.Tensor | None = None, fresh: torch.Tensor | None = None,
                 lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, KV, torch.Tensor | None]:
         if self.feed_forward_macaron is not None:
-            x = x + self.ff_scale * self.feed_forward_macaron(self.norm_ff_macaron(x))
-        att, kv = self.self_attn(self.norm_mha(x), pos_emb, pos_index=pos_index, past=past, mask=mask,
-                                 key_lengths=key_lengths)
-        x = x + att
+            x = self._feed_forward(self.feed_forward_macaron, self.norm_ff_macaron(x), x)
+        x, kv = self.self_attn(self.norm_mha(x), pos_emb, pos_index=pos_index, past=past, mask=mask,
+                               key_lengths=key_lengths, residual=x)
         tail = None
         if self.conv_module is not None:
-            conv, tail = self.conv_module(self.norm_conv(x), valid=valid, cache=conv_cache, fresh=fresh,
-                                          lengths=lengths)
-            x = x + conv
-        x = x + self.ff_scale * self.feed_forward(self.norm_ff(x))
+            x, tail = self.conv_module(self.norm_conv(x), valid=valid, cache=conv_cache, fresh=fresh,
+                                       lengths=lengths, residual=x)
+        x = self._feed_forward(self.feed_forward, self.norm_ff(x), x)
         if self.conv_module is not None:
             x = self.norm_final(x)
         return x, kv, tail

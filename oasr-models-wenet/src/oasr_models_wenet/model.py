@@ -17,6 +17,7 @@ from torch import nn
 from oasr import layers
 from oasr.models import BaseAsrModel, CacheSpec
 from oasr.models.specs import QuantLayout
+from oasr_models_wenet import packed
 from oasr_models_wenet.config import ConformerModelConfig
 from oasr_models_wenet.decoder import BiTransformerDecoder
 from oasr_models_wenet.encoder import KV, ChunkOutput, ConformerEncoder
@@ -30,7 +31,7 @@ class CtcHead(nn.Module):
         self.ctc_lo = layers.CtcProjection(d_model, vocab_size)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.ctc_lo(hidden)
+        return packed.blocked(lambda rows: torch.log_softmax(packed.linear(self.ctc_lo, rows).float(), dim=-1), hidden)
 
 
 @attrs.define

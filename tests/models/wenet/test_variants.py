@@ -121,9 +121,7 @@ def test_cpu_time_tiled_subsampling_equals_one_pass(variant):
     embed = _model(variant).encoder.embed
     feats, _ = _feats(700, 650)
     with torch.no_grad():
-        tiled = embed(feats)
+        tiled = embed._convolve(feats.unsqueeze(1))
         whole = embed.conv(feats.unsqueeze(1))
-        b, c, t, f = whole.shape
-        whole = embed.out(whole.transpose(1, 2).reshape(b, t, c * f)) * embed.xscale
-    assert tiled.shape[1] > 64 // 2  # long enough to be cut into several tiles
+    assert tiled.shape[2] > 64 // 2  # long enough to be cut into several tiles
     assert torch.equal(tiled, whole)

@@ -1,0 +1,146 @@
+"""oneDNN-prepacked fp32 GEMMs for the Conformer's linears on CPU, with their epilogues fused.
+
+``torch.nn.functional.linear`` runs MKL's sgemm on the plain ``(out, in)`` weight and leaves the
+activation, the residual add and the macaron ``½`` scale to separate passes over the output.  Here a
+linear's weight is reordered once into oneDNN's blocked layout (``mkldnn._reorder_linear_weight``) and
+run by ``mkldnn._linear_pointwise``, whose epilogue applies the bias, the activation (SiLU/ReLU/GELU)
+or a residual add in the same pass.  A constant scale (the macaron ``½``, the subsampling's ``√d``) is
+folded into the packed copy.  Measured at one thread on the benchmark's shapes (AVX-512): 92–102
+GFLOP/s instead of 60–76 for the FFN GEMMs, the FFN with its SiLU 1.3–1.5x faster
+(``benchmarks/wenet.py``, docs/benchmarks.md § WeNet).
+
+The packed copy is derived data, never a parameter: it is kept beside the module (weakly), keyed by
+the weight's storage and version counter, so ``load_state_dict``, ``.to()`` or an in-place edit of the
+weight repacks it on the next call.  The fast path is taken only where it computes what the reference
+computes up to float rounding: CPU, float32, no autograd, not tracing, an fp32 (not int8) linear, at
+least :data:`MIN_ROWS` rows, oneDNN built in, and ``OASR_KERNELS`` not switched off.  Everywhere else
+the reference ops run (the same module call, activation and adds).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from oasr.layers import Linear
+from oasr.layers._backend import kernels_enabled
+from oasr.layers.activation import activation_fn
+
+#: fewer rows than this take the reference path (skinny GEMMs gain least and stream the weights cold)
+MIN_ROWS = 64
+#: :func:`blocked` runs the GEMMs over row blocks of this many rows, the last one zero-padded up to a
+#: multiple of :data:`MIN_ROWS`: oneDNN builds (and keeps) a primitive per shape, so a stream of varied
+#: lengths must see few shapes — one per row count would grow the process by ~0.8 MB per new length
+BLOCK_ROWS = 512
+#: oneDNN post-op (attr, algorithm) per activation name the waist knows
+_POST_OPS = {"swish": ("swish", ""), "silu": ("swish", ""), "relu": ("relu", ""), "gelu": ("gelu", "none"),
+             "gelu_tanh": ("gelu", "tanh"), "identity": ("none", ""), "none": ("none", "")}
+
+_packs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _fast(linears: Sequence[nn.Module], x: torch.Tensor) -> bool:
+    if x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() < 2:
+        return False
+    if torch.is_grad_enabled() or torch.jit.is_tracing() or torch.jit.is_scripting():
+        return False
+    if x.numel() // x.size(-1) < MIN_ROWS or not torch.backends.mkldnn.is_available() or not kernels_enabled():
+        return False
+    return all(getattr(lin, "_int8", None) is None and lin.weight.dtype == torch.float32
+               and lin.weight.device.type == "cpu" for lin in linears)
+
+
+def _reference(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The plain linear of ``module`` (a waist Linear's own epilogue, e.g. an activation, left out)."""
+    return Linear.forward(module, x) if isinstance(module, Linear) else module(x)
+
+
+def _packed(linears: Sequence[nn.Module], scale: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The packed ``scale * cat(weights)`` and ``scale * cat(biases)`` (a missing bias is zeros)."""
+    owner = linears[0]
+    key = (tuple((lin.weight.data_ptr(), lin.weight._version,
+                  None if lin.bias is None else (lin.bias.data_ptr(), lin.bias._version)) for lin in linears),
+           scale)
+    per_owner = _packs.setdefault(owner, {})
+    group = tuple(id(lin) for lin in linears)
+    hit = per_owner.get(group)
+    if hit is not None and hit[0] == key:
+        return hit[1], hit[2]
+    with torch.no_grad():
+        weights = [lin.weight.detach().reshape(lin.weight.size(0), -1) for lin in linears]
+        weight = torch.cat(weights) * scale
+        if all(lin.bias is None for lin in linears):
+            bias = None
+        else:
+            bias = torch.cat([lin.bias.detach() if lin.bias is not None else w.new_zeros(w.size(0))
+                              for lin, w in zip(linears, weights, strict=True)]) * scale
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
+    per_owner[group] = (key, packed, bias)
+    return packed, bias
+
+
+def linear(module: nn.Module, x: torch.Tensor, activation: str = "none", *, scale: float = 1.0) -> torch.Tensor:
+    """``activation(scale * module(x))`` for a waist :class:`~oasr.layers.Linear` or ``PointwiseConv1d``
+    (any module whose call on (..., in) is the linear of its ``weight`` (out, in[, 1]) and ``bias``)."""
+    if _fast((module,), x) and activation in _POST_OPS:
+        weight, bias = _packed((module,), scale)
+        attr, algorithm = _POST_OPS[activation]
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, attr, [], algorithm)
+    y = _reference(module, x)
+    if scale != 1.0:
+        y = y * scale
+    return activation_fn(activation)(y) if activation not in ("none", "identity") else y
+
+
+def linear_add(module: nn.Module, x: torch.Tensor, residual: torch.Tensor, *, scale: float = 1.0) -> torch.Tensor:
+    """``residual + scale * module(x)``: the residual add is the GEMM's epilogue."""
+    if _fast((module,), x) and residual.dtype == torch.float32 and residual.shape[:-1] == x.shape[:-1]:
+        weight, bias = _packed((module,), scale)
+        return torch.ops.mkldnn._linear_pointwise.binary(x, residual.contiguous(), weight, bias, "add")
+    y = _reference(module, x)
+    return residual + (y * scale if scale != 1.0 else y)
+
+
+def linear_group(modules: Sequence[nn.Module], x: torch.Tensor) -> torch.Tensor:
+    """``cat([m(x) for m in modules], -1)`` as one GEMM over the concatenated weights (e.g. q, k, v)."""
+    if _fast(modules, x):
+        weight, bias = _packed(modules, 1.0)
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return torch.cat([_reference(m, x) for m in modules], dim=-1)
+
+
+def fusable(modules: Sequence[nn.Module], x: torch.Tensor) -> bool:
+    """Whether ``modules`` applied to ``x`` take the packed path (else callers keep their reference ops)."""
+    return _fast(modules, x)
+
+
+def glu_linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``glu(module(x))`` over the last dimension."""
+    return F.glu(linear(module, x), dim=-1)
+
+
+def blocked(fn: Callable[..., torch.Tensor], *tensors: torch.Tensor) -> torch.Tensor:
+    """``fn(*tensors)`` for a row-wise ``fn`` (each output row depends only on the same row of each
+    input), run on the fast path over blocks of :data:`BLOCK_ROWS` flattened rows (the last padded),
+    so the GEMMs inside see at most ``BLOCK_ROWS / MIN_ROWS`` distinct shapes."""
+    x = tensors[0]
+    lead = x.shape[:-1]
+    rows = x.numel() // x.size(-1) if x.dim() >= 2 else 0
+    if rows < MIN_ROWS or not _fast((), x):
+        return fn(*tensors)
+    flat = [t.reshape(rows, t.size(-1)) for t in tensors]
+    outs = []
+    for start in range(0, rows, BLOCK_ROWS):
+        stop = min(start + BLOCK_ROWS, rows)
+        parts = [t[start:stop] for t in flat]
+        pad = -(stop - start) % MIN_ROWS
+        if pad:
+            parts = [F.pad(t, (0, 0, 0, pad)) for t in parts]
+        out = fn(*parts)
+        outs.append(out[:stop - start] if pad else out)
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)
+    return out.reshape(*lead, out.size(-1))
