@@ -13,7 +13,8 @@ Prints audio seconds per wall second, the ratio to faster-whisper at the same pr
 WER, how many transcripts equal faster-whisper's (fp32), OASR int8's token agreement with OASR fp32,
 OASR's split of time (features / encoder / decoder), and the machine.
 Usage: ``python benchmarks/whisper.py [--repeats 2] [--long-seconds 120] [--skip NAME ...]``;
-``--sensitivity`` instead prints int8 token agreement with one group of linears quantized at a time.
+``--sensitivity`` instead prints int8 token agreement with one group of linears quantized at a time;
+``--steps N`` the CPU time of one incremental decoder step at one row, OASR vs CTranslate2, and OASR's split.
 """
 
 from __future__ import annotations
@@ -168,12 +169,106 @@ def sensitivity(model_dir: str, clips) -> None:
               flush=True)
 
 
+def _oasr_step_ms(decoder, cross, prompt: list[int], steps: int) -> float:
+    """CPU ms per ``WhisperDecoder.step`` at one row after ``prompt``, feeding one text token."""
+    state, _ = decoder.prefill(cross, torch.tensor([prompt]), capacity=len(prompt) + steps + 1)
+    token = torch.tensor([prompt[-1] - 1])
+    c0 = time.thread_time()
+    for _ in range(steps):
+        decoder.step(state, token)
+    return 1e3 * (time.thread_time() - c0) / steps
+
+
+def _oasr_loop_ms(decoder, cross, gen, prompt: list[int], steps: int) -> float:
+    """CPU ms per token of the greedy search loop (step, logit rules with timestamps, selection),
+    end-of-text suppressed so that it runs ``steps`` tokens."""
+    from oasr_models_hf.whisper.search import WindowTask, search_windows
+
+    task = WindowTask(prompt, 0, True, max_new_tokens=steps, suppress=(*gen.suppress_tokens, gen.eot_id))
+    c0 = time.thread_time()
+    out = search_windows(decoder, cross[0], cross[1], [task], gen)
+    return 1e3 * (time.thread_time() - c0) / max(1, len(out[0].tokens))
+
+
+def _step_split(decoder, cross, prompt: list[int], steps: int) -> str:
+    """Shares of one step's CPU time (torch profiler): the vocabulary projection, then aten ops."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    logits = decoder.logits
+
+    def labelled(hidden):
+        with record_function("vocabulary projection"):
+            return logits(hidden)
+
+    decoder.logits = labelled
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            _oasr_step_ms(decoder, cross, prompt, steps)
+    finally:
+        del decoder.logits
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    vocab = next(e.cpu_time_total for e in events if e.key == "vocabulary projection")
+    parts = [f"vocabulary projection {100 * vocab / total:.0f}%"]
+    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:6]:
+        if e.key != "vocabulary projection":
+            parts.append(f"{e.key} {100 * e.self_cpu_time_total / total:.0f}%")
+    return ", ".join(parts) + " (aten self time; mm/addmm include the vocabulary projection's product)"
+
+
+def decoder_steps(model_dir: str, audio, steps: int, rounds: int) -> None:
+    """The incremental decoder at one row (sequential long-form's unit of work): CPU ms per step of
+    OASR (``WhisperDecoder.step`` after a 4-token prompt over one 30 s window) and of CTranslate2
+    (``generate`` from the same window's encoder output with end-of-text suppressed, so it runs
+    ``steps`` steps), fp32 and int8, best of ``rounds``; then OASR's split of a step."""
+    import ctranslate2
+    import numpy as np
+    from faster_whisper import WhisperModel
+
+    window = np.zeros(30 * SAMPLE_RATE, np.float32)
+    window[: min(len(audio), len(window))] = audio[: len(window)]
+    results = {}
+    for precision in ("fp32", "int8"):
+        oasr = Oasr(model_dir, precision == "int8", "greedy", 1)
+        model, gen = oasr.strategy.ctx.model, oasr.strategy.gen
+        prompt = [gen.sot_id]
+        with torch.inference_mode():
+            mel = oasr.strategy.log_mels([torch.from_numpy(window)])[0][:, : model.config.input_frames]
+            cross = model.decoder.cross_kv(model.encoder(mel.t()[None]))
+            _oasr_step_ms(model.decoder, cross, prompt, 5)
+            results[f"oasr {precision}"] = min(_oasr_step_ms(model.decoder, cross, prompt, steps) for _ in range(rounds))
+            split = _step_split(model.decoder, cross, prompt, min(steps, 50))
+            results[f"oasr {precision} loop"] = min(_oasr_loop_ms(model.decoder, cross, gen, prompt, steps)
+                                                    for _ in range(rounds))
+        print(f"OASR {precision} step split: {split}", flush=True)
+        fw = WhisperModel(model_dir, device="cpu", compute_type="int8" if precision == "int8" else "float32",
+                          cpu_threads=1)
+        feats = fw.feature_extractor(window)[:, : model.config.input_frames]
+        encoded = fw.model.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(feats[None])),
+                                  to_cpu=False)
+        best = float("inf")
+        for _ in range(rounds + 1):
+            c0 = time.process_time()
+            out = fw.model.generate(encoded, [prompt[:1]], beam_size=1, max_length=steps + 1,
+                                    suppress_tokens=[gen.eot_id], suppress_blank=False)
+            best = min(best, 1e3 * (time.process_time() - c0) / max(1, len(out[0].sequences_ids[0])))
+        results[f"ctranslate2 {precision}"] = best
+    print(f"\n## decoder at one row, {steps} steps over one window (CPU ms per token, best of {rounds})")
+    for precision in ("fp32", "int8"):
+        step, loop = results[f"oasr {precision}"], results[f"oasr {precision} loop"]
+        peer = results[f"ctranslate2 {precision}"]
+        print(f"{precision}: OASR step {step:.2f} ms, OASR search loop {loop:.2f} ms, CTranslate2 generate "
+              f"{peer:.2f} ms; CTranslate2 / OASR loop {peer / loop:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--long-seconds", type=float, default=120.0)
     parser.add_argument("--skip", nargs="*", default=[], help="system names to leave out")
     parser.add_argument("--only", choices=("short", "long"), default=None)
+    parser.add_argument("--steps", type=int, default=0,
+                        help="instead: CPU ms per decoder step at one row (OASR vs CTranslate2) over this many steps")
     parser.add_argument("--sensitivity", action="store_true",
                         help="instead: int8 token agreement per group of linears on the short set")
     args = parser.parse_args()
@@ -186,6 +281,9 @@ def main() -> None:
     print(f"machine: {machine()}")
     if args.sensitivity:
         sensitivity(model_dir, clips)
+        return
+    if args.steps:
+        decoder_steps(model_dir, long_recording(clips[:-1], 30.0)[0], args.steps, args.repeats)
         return
     factories = {}
     for mode in ("greedy", "defaults"):

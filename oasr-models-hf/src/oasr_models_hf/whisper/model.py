@@ -48,6 +48,8 @@ from oasr_models_hf.whisper.config import WhisperConfig
 _ATTN_BIAS = (True, False, True, True)  # Whisper's k_proj has no bias
 #: logits of an int8 output projection recomputed in floating point per row (see WhisperDecoder.logits)
 RESCORED_TOP = 8
+#: the most q/k/v weights of one layer that WhisperDecoder._self_qkv keeps a stacked copy of (3 x 512²)
+_STACK_QKV_MAX = 3 * 512 * 512
 
 
 class WhisperEncoderLayer(nn.Module):
@@ -231,10 +233,15 @@ class WhisperDecoder(nn.Module):
     def _self_qkv(self, sa: MultiHeadAttention, h: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Self-attention q, k, v (B, H, L, Dh) of ``h``: one GEMM over the three floating-point
-        projections stacked (a decode step's per-layer linears are small, so each call's fixed cost
-        counts), or three calls when any of them is int8."""
+        projections stacked, or three calls when any of them is int8 or the model is large.
+
+        The stacked copy is kept for models up to ``_STACK_QKV_MAX`` weights per layer (tiny, base):
+        there a decode step's linears are small and each call's fixed cost counts (measured on
+        tiny.en, one thread: 3-5 % of a greedy token); in larger models the GEMMs dominate and the
+        copy would only cost memory."""
         projections = [getattr(sa, name) for name in sa.names[:3]]
-        if any(p._int8 is not None for p in projections):
+        if (any(p._int8 is not None for p in projections)
+                or sum(p.weight.numel() for p in projections) > _STACK_QKV_MAX):
             return sa.project(h, 0), sa.project(h, 1), sa.project(h, 2)
         weight, bias = self._stacked(sa, projections)
         b, length, d = h.shape
