@@ -17,10 +17,12 @@ Hugging Face state dict loads 1:1.  The forward map:
 - the convolution module: pointwise (2D) → GLU → padded frames zeroed → depthwise conv with symmetric
   ``(k - 1) / 2`` padding → BatchNorm → SiLU → pointwise.
 
-On CPU fp32 inference every GEMM of the encoder (feed-forwards, attention projections, the position
-projection, pointwise convolutions, the subsampling's ``linear``) runs through :func:`packed_linear`:
-oneDNN's kernel over a weight prepacked once (the op torch's own CPU compiler emits), with the feed-forward's
-SiLU as its epilogue — the same products as ``F.linear`` up to float32 summation order.
+On CPU fp32 inference every GEMM of the encoder (feed-forwards, attention and position projections,
+pointwise convolutions, the subsampling's ``linear``), offline and streaming, runs through oneDNN's kernel
+over a weight prepacked once (the op torch's own CPU compiler emits), the feed-forward's SiLU as its epilogue:
+:func:`pack_gemms` gives the encoder's waist ``Linear`` / ``LinearActivation`` / ``PointwiseConv1d`` layers
+that forward (same parameters and state-dict keys; the same products as ``F.linear`` up to float32 summation
+order).  The packed copies cost a second copy of those weights in memory.
 """
 
 from __future__ import annotations
@@ -43,7 +45,6 @@ from oasr.layers import (
     Swish,
     attend,
     merge_heads,
-    split_heads,
 )
 from oasr.models.base import BaseEncoder
 from oasr_models_hf.fastconformer.config import FastConformerConfig
@@ -67,18 +68,17 @@ _ONEDNN_LINEAR = _onednn_linear_ops()
 _EPILOGUES = {"silu": "swish", "swish": "swish", "relu": "relu"}
 
 
-def packed_linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``layer(x)`` for a waist ``Linear`` / ``LinearActivation`` / ``PointwiseConv1d``, through oneDNN's
-    prepacked fp32 GEMM (activation fused) on CPU inference; anywhere else, the layer's own forward.
+def packed_gemm(layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """``layer(x)`` through oneDNN's prepacked fp32 GEMM (a LinearActivation's activation fused), or None
+    where it does not apply (grad enabled, not CPU float32, an int8 layer, an activation oneDNN lacks).
 
     The packed weight is kept beside the module (never in its state dict) and rebuilt when the weight's
     storage or version changes (``.to()``, ``load_state_dict``, an in-place update)."""
     weight = layer.weight
     activation = _EPILOGUES.get(layer.activation) if isinstance(layer, LinearActivation) else "none"
     if (_ONEDNN_LINEAR is None or activation is None or torch.is_grad_enabled() or x.device.type != "cpu"
-            or x.dtype != torch.float32 or weight.dtype != torch.float32
-            or getattr(layer, "_int8", None) is not None):
-        return layer(x)
+            or x.dtype != torch.float32 or weight.dtype != torch.float32 or getattr(layer, "_int8", None) is not None):
+        return None
     reorder, linear = _ONEDNN_LINEAR
     key = (weight.data_ptr(), weight._version)
     cached = layer.__dict__.get("_onednn_packed")
@@ -88,10 +88,34 @@ def packed_linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return linear(x.contiguous(), cached[1], layer.bias, activation, [], "")
 
 
-def feed_forward(ff: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """A waist ``FeedForward``'s ``w_2(act(w_1(x)))`` through :func:`packed_linear`."""
-    first, second = (getattr(ff, name) for name in ff.names)
-    return packed_linear(second, packed_linear(first, x))
+class _PackedGemm:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = packed_gemm(self, x)
+        return super().forward(x) if out is None else out
+
+
+class PackedLinear(_PackedGemm, Linear):
+    """A waist ``Linear`` whose forward is :func:`packed_gemm` where it applies."""
+
+
+class PackedLinearActivation(_PackedGemm, LinearActivation):
+    """A waist ``LinearActivation`` whose forward is :func:`packed_gemm` (activation fused) where it applies."""
+
+
+class PackedPointwiseConv1d(_PackedGemm, PointwiseConv1d):
+    """A waist ``PointwiseConv1d`` whose forward is :func:`packed_gemm` where it applies."""
+
+
+_PACKED = {Linear: PackedLinear, LinearActivation: PackedLinearActivation, PointwiseConv1d: PackedPointwiseConv1d}
+
+
+def pack_gemms(module: nn.Module) -> None:
+    """Give every plain waist GEMM layer under ``module`` the prepacked forward (its class becomes the packed
+    subclass: no parameter, buffer or key changes)."""
+    for child in module.modules():
+        packed = _PACKED.get(type(child))
+        if packed is not None:
+            child.__class__ = packed
 
 
 def zero_beyond(x: torch.Tensor, lengths: torch.Tensor | None, axis: int) -> torch.Tensor:
@@ -138,7 +162,7 @@ class FastConformerSubsampling(nn.Module):
                     lengths = self._length(lengths)
                 x = zero_beyond(x, lengths, 2)
         batch, channels, frames, freq = x.shape
-        return packed_linear(self.linear, x.transpose(1, 2).reshape(batch, frames, channels * freq))
+        return self.linear(x.transpose(1, 2).reshape(batch, frames, channels * freq))
 
 
 def relative_positions(frames: int, dim: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -165,19 +189,16 @@ class RelPositionAttention(MultiHeadAttention):
         self.bias_u = nn.Parameter(torch.zeros(heads, h // heads))
         self.bias_v = nn.Parameter(torch.zeros(heads, h // heads))
 
-    def project(self, x: torch.Tensor, which: int) -> torch.Tensor:
-        return split_heads(packed_linear(getattr(self, self.names[which]), x), self.n_heads)
-
     def forward(self, x: torch.Tensor, positions: torch.Tensor, shift: torch.Tensor,
                 lengths: torch.Tensor | None) -> torch.Tensor:
         q, k, v = self.project(x, 0), self.project(x, 1), self.project(x, 2)
-        rel = packed_linear(self.relative_k_proj, positions).view(-1, self.n_heads, self.head_dim).transpose(0, 1)
+        rel = self.relative_k_proj(positions).view(-1, self.n_heads, self.head_dim).transpose(0, 1)
         scale = self.head_dim ** -0.5
         # (B, H, T, 2T - 1) position scores, then each query's T columns of its own relative offsets
         bd = torch.matmul(q + self.bias_v[None, :, None, :], rel.transpose(-1, -2)[None])
         bd = torch.gather(bd, -1, shift.expand(bd.shape[0], bd.shape[1], -1, -1)) * scale
         out = attend(q + self.bias_u[None, :, None, :], k, v, key_lengths=lengths, bias=bd, scale=scale)
-        return packed_linear(self.o_proj, merge_heads(out))
+        return self.o_proj(merge_heads(out))
 
 
 class FastConformerConvolution(nn.Module):
@@ -192,8 +213,8 @@ class FastConformerConvolution(nn.Module):
         self.pointwise_conv2 = PointwiseConv1d(h, h, bias=bias)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
-        x = zero_beyond(self.glu(packed_linear(self.pointwise_conv1, x)), lengths, 1)
-        return packed_linear(self.pointwise_conv2, self.activation(self.norm(self.depthwise_conv(x))))
+        x = zero_beyond(self.glu(self.pointwise_conv1(x)), lengths, 1)
+        return self.pointwise_conv2(self.activation(self.norm(self.depthwise_conv(x))))
 
 
 class FastConformerBlock(nn.Module):
@@ -210,10 +231,10 @@ class FastConformerBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, shift: torch.Tensor,
                 lengths: torch.Tensor | None) -> torch.Tensor:
-        x = x + 0.5 * feed_forward(self.feed_forward1, self.norm_feed_forward1(x))
+        x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
         x = x + self.self_attn(self.norm_self_att(x), positions, shift, lengths)
         x = x + self.conv(self.norm_conv(x), lengths)
-        x = x + 0.5 * feed_forward(self.feed_forward2, self.norm_feed_forward2(x))
+        x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
         return self.norm_out(x)
 
 
@@ -229,6 +250,7 @@ class FastConformerEncoder(BaseEncoder):
         self.input_scale = config.hidden_size ** 0.5 if config.scale_input else 1.0
         self.subsampling = FastConformerSubsampling(config)
         self.layers = nn.ModuleList(FastConformerBlock(config) for _ in range(config.num_hidden_layers))
+        pack_gemms(self)
 
     @property
     def output_size(self) -> int:
@@ -254,4 +276,4 @@ class FastConformerEncoder(BaseEncoder):
         return x, lengths
 
 
-__all__ = ["FastConformerEncoder", "relative_positions"]
+__all__ = ["FastConformerEncoder", "pack_gemms", "relative_positions"]

@@ -37,8 +37,7 @@ from oasr_models_hf.fastconformer.encoder import (
     FastConformerBlock,
     FastConformerConvolution,
     RelPositionAttention,
-    feed_forward,
-    packed_linear,
+    pack_gemms,
     zero_beyond,
 )
 from oasr_models_hf.fastconformer.nemotron_streaming import NemotronStreamingMixin
@@ -98,7 +97,7 @@ class NemotronSubsampling(nn.Module):
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, T', F') → (B, T', hidden): each frame's columns channel-major into ``linear``."""
         batch, channels, frames, freq = x.shape
-        return packed_linear(self.linear, x.transpose(1, 2).reshape(batch, frames, channels * freq))
+        return self.linear(x.transpose(1, 2).reshape(batch, frames, channels * freq))
 
 
 class _SubsamplingStage(nn.Module):
@@ -174,7 +173,7 @@ class ChunkedRelPositionAttention(RelPositionAttention):
                           shift: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """q (N, H, Q, d), k / v (N, H, K, d), table (P, D) of relative positions, shift (Q, K) column of each
         (query, key) pair, mask (N, 1, Q, K) → (N, H, Q, d)."""
-        rel = packed_linear(self.relative_k_proj, table).view(-1, self.n_heads, self.head_dim).transpose(0, 1)
+        rel = self.relative_k_proj(table).view(-1, self.n_heads, self.head_dim).transpose(0, 1)
         scale = self.head_dim ** -0.5
         bd = torch.matmul(q + self.bias_v[None, :, None, :], rel.transpose(-1, -2)[None])
         bd = torch.gather(bd, -1, shift.expand(bd.shape[0], bd.shape[1], -1, -1)) * scale
@@ -184,7 +183,7 @@ class ChunkedRelPositionAttention(RelPositionAttention):
         q, k, v = self.project(x, 0), self.project(x, 1), self.project(x, 2)
         out = self.scores_and_attend(layout.split_queries(q), layout.split_keys(k), layout.split_keys(v),
                                      layout.table, layout.shift, layout.mask)
-        return packed_linear(self.o_proj, merge_heads(layout.merge(out, x.shape[0])))
+        return self.o_proj(merge_heads(layout.merge(out, x.shape[0])))
 
 
 class NemotronBlock(FastConformerBlock):
@@ -194,10 +193,10 @@ class NemotronBlock(FastConformerBlock):
         self.conv = NemotronConvolution(config)
 
     def forward(self, x: torch.Tensor, layout: AttentionLayout, lengths: torch.Tensor | None) -> torch.Tensor:
-        x = x + 0.5 * feed_forward(self.feed_forward1, self.norm_feed_forward1(x))
+        x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
         x = x + self.self_attn(self.norm_self_att(x), layout)
         x = x + self.conv(self.norm_conv(x), lengths)
-        x = x + 0.5 * feed_forward(self.feed_forward2, self.norm_feed_forward2(x))
+        x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
         return self.norm_out(x)
 
 
@@ -215,6 +214,7 @@ class NemotronEncoder(NemotronStreamingMixin, BaseEncoder):
         self.input_scale = math.sqrt(config.hidden_size) if config.scale_input else 1.0
         self.subsampling = NemotronSubsampling(config)
         self.layers = nn.ModuleList(NemotronBlock(config) for _ in range(config.num_hidden_layers))
+        pack_gemms(self)  # prepacked oneDNN GEMMs on CPU inference (see oasr_models_hf.fastconformer.encoder)
 
     @property
     def output_size(self) -> int:
