@@ -192,6 +192,101 @@ def measure(kind: str, out: Path, clips, args) -> tuple[dict, dict]:
     return best, tokens
 
 
+STREAM_ENCODER = dict(hidden_size=512, num_hidden_layers=17, num_attention_heads=8, intermediate_size=2048,
+                      conv_kernel_size=9, subsampling_conv_channels=256, num_mel_bins=80, sliding_window=71,
+                      default_num_lookahead_tokens=6, dropout=0.0, layerdrop=0.0, activation_dropout=0.0,
+                      attention_dropout=0.0)
+
+
+def nemotron_model(root: Path) -> Path:
+    """A random ``nemotron_asr_streaming`` of 110M dimensions (17 × 512, left context 70 frames, chunks of 7
+    frames = 560 ms), saved by transformers with its processor under ``root/nemotron``, built once."""
+    import transformers as tf
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    out = root / "nemotron"
+    if (out / "config.json").is_file():
+        return out
+    pieces = [("<unk>", 0.0)] + [(f"\u2581w{i}", -1.0 - i * 1e-3) for i in range(1, 1024)] + [("<blank>", -50.0)]
+    backend = Tokenizer(models.Unigram(pieces, unk_id=0))
+    backend.pre_tokenizer, backend.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    tokenizer = tf.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", pad_token="<blank>")
+    torch.manual_seed(0)
+    config = tf.NemotronAsrStreamingConfig(
+        encoder_config=tf.NemotronAsrStreamingEncoderConfig(**STREAM_ENCODER), vocab_size=1025,
+        blank_token_id=1024, pad_token_id=1024, decoder_hidden_size=640, num_decoder_layers=2,
+        max_symbols_per_step=10)
+    model = tf.NemotronAsrStreamingForRNNT(config).eval()
+    model.generation_config.decoder_start_token_id = 1024
+    with torch.no_grad():  # like a trained model, most (frame, label) pairs are blank
+        model.joint.head.bias[1024] += 6.0
+    model.save_pretrained(out)
+    fe = tf.NemotronAsrStreamingFeatureExtractor(feature_size=80)
+    tf.NemotronAsrStreamingProcessor(fe, tokenizer, supported_num_lookahead_tokens=[6]).save_pretrained(out)
+    return out
+
+
+def stream_oasr(path: Path, clips, piece: int) -> float:
+    """All clips as concurrent streams of one engine, fed ``piece`` samples at a time round-robin; seconds."""
+    from oasr.engine import Engine, EngineConfig
+
+    engine = Engine(EngineConfig(model=str(path), service_mode="streaming", max_streams=len(clips)))
+    t0 = time.perf_counter()
+    ids = [engine.add_streaming_request(request_id=f"s{i}") for i in range(len(clips))]
+    pos, done = [0] * len(clips), set()
+    while len(done) < len(clips):
+        for i, clip in enumerate(clips):
+            if pos[i] < clip.size:
+                engine.feed_chunk(ids[i], clip[pos[i]:pos[i] + piece], is_last=pos[i] + piece >= clip.size)
+                pos[i] += piece
+        done |= {o.request_id for o in engine.step() if o.finished}
+    return time.perf_counter() - t0
+
+
+def stream_hf(path: Path, clips) -> float:
+    """transformers' cache-aware encoder (its K/V and conv padding caches) chunk by chunk, one stream after the
+    other; features computed once per clip up front and no decoding (encoder only); seconds."""
+    import transformers as tf
+    from transformers.cache_utils import DynamicCache
+    from transformers.models.nemotron_asr_streaming.modeling_nemotron_asr_streaming import (
+        NemotronAsrStreamingEncoderCausalConvPaddingCache,
+    )
+
+    hf = tf.NemotronAsrStreamingForRNNT.from_pretrained(path).eval()
+    processor = tf.AutoProcessor.from_pretrained(path)
+    r, factor = STREAM_ENCODER["default_num_lookahead_tokens"], hf.config.encoder_config.subsampling_factor
+    t0 = time.perf_counter()
+    for clip in clips:
+        feats = processor.feature_extractor(clip, sampling_rate=16000, return_tensors="pt").input_features[0]
+        cache = DynamicCache(config=hf.config.encoder_config)
+        padding = NemotronAsrStreamingEncoderCausalConvPaddingCache()
+        bounds = [0, 1 + factor * r]
+        while bounds[-1] + factor * (r + 1) <= feats.shape[0]:
+            bounds.append(bounds[-1] + factor * (r + 1))
+        with torch.no_grad():
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+                hf.encoder(input_features=feats[None, a:b], cache=cache, padding_cache=padding, use_cache=True,
+                           num_lookahead_tokens=r, output_attention_mask=False)
+    return time.perf_counter() - t0
+
+
+def streaming(root: Path, args) -> None:
+    path = nemotron_model(root)
+    clips = [synth(6.0 + 4.0 * (i % 3), seed=100 + i) for i in range(args.streams)]
+    audio_seconds = sum(len(c) for c in clips) / 16000
+    best = {"OASR": float("inf"), "transformers": float("inf")}
+    for _ in range(args.repeats):
+        best["OASR"] = min(best["OASR"], stream_oasr(path, clips, piece=8960))
+        best["transformers"] = min(best["transformers"], stream_hf(path, clips))
+    print(f"\nNemotron cache-aware streaming, 110M-sized (random weights), {args.streams} streams of 6-14 s "
+          f"({audio_seconds:.1f} s of audio), chunks of 560 ms, best of {args.repeats}")
+    print(f"{'system':<14}{'seconds':>10}{'streams/core':>14}{'transformers / OASR':>22}")
+    for system, seconds in best.items():
+        ratio = f"{best['transformers'] / seconds:.2f}x" if system == "OASR" else ""
+        print(f"{system:<14}{seconds:>10.2f}{audio_seconds / seconds:>14.2f}{ratio:>22}")
+    print("OASR: engine streams (features, encoder, greedy transducer, partials); transformers: encoder only")
+
+
 def agreement(ours: list, theirs: list) -> str:
     same = sum(a == b for a, b in zip(ours, theirs, strict=True))
     ratio = sum(difflib.SequenceMatcher(a=a, b=b).ratio() for a, b in zip(ours, theirs, strict=True)) / len(ours)
@@ -218,7 +313,8 @@ def report(kind: str, best: dict, tokens: dict, args, audio_seconds: float) -> N
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="ctc,tdt", help="comma-separated: ctc, tdt")
+    parser.add_argument("--model", default="ctc,tdt,streaming", help="comma-separated: ctc, tdt, streaming")
+    parser.add_argument("--streams", type=int, default=8, help="concurrent streams in the streaming run")
     parser.add_argument("--clips", type=int, default=20)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
@@ -234,6 +330,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = args.work or Path(tmp)
         for kind in args.model.split(","):
+            if kind == "streaming":
+                streaming(root, args)
+                continue
             best, tokens = measure(kind, nemo_model(kind, root), clips, args)
             report(kind, best, tokens, args, audio_seconds)
     print(f"machine: {machine()}")
