@@ -92,6 +92,9 @@ class ParakeetRnntConfig(FastConformerConfig):
     blank_id: int = 8192
     decoder_hidden_size: int = 640
     num_decoder_layers: int = 2
+    #: the joint's width (its two projections' outputs, the head's input); None: ``decoder_hidden_size``
+    #: (transformers ties them; NeMo's ``joint.jointnet.joint_hidden`` may differ)
+    joint_hidden_size: int | None = None
     joint_act: str = "relu"
     max_symbols_per_step: int = 10
 

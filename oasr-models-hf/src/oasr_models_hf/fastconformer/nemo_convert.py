@@ -20,7 +20,8 @@ A ``.nemo`` file (see :mod:`oasr_models_hf.fastconformer.nemo`) is claimed by wh
 Config mapping (NeMo's ``ConformerEncoder`` field → OASR :class:`FastConformerConfig`): ``feat_in`` →
 ``num_mel_bins``, ``d_model`` → ``hidden_size``, ``n_layers``, ``n_heads``, ``d_model * ff_expansion_factor``
 → ``intermediate_size``, ``conv_kernel_size``, ``subsampling_factor``, ``subsampling_conv_channels`` (-1:
-``d_model``), ``xscaling`` → ``scale_input``, ``use_bias`` → both biases.  What the encoders do not
+``d_model``), ``xscaling`` → ``scale_input``, ``use_bias`` → both biases; the transducer heads' ``pred_hidden``,
+``pred_rnn_layers``, ``joint_hidden`` (→ ``joint_hidden_size`` when it differs) and ``activation``.  What the encoders do not
 compute is refused by name: another ``subsampling`` than ``dw_striding``, another attention than ``rel_pos``,
 tied position biases, another norm than ``batch_norm``, a ``feat_out`` projection, and the cache-aware
 fields are read by the cache-aware converters only (``causal_downsampling``, a limited ``att_context_size``, a
@@ -373,15 +374,14 @@ class NemoRnntConverter(_NemoConverter):
         if not decoder.get("blank_as_pad", True):
             raise _refuse(where, "decoder.blank_as_pad", False, "the blank must be the embedding's padding row")
         hidden = int(prednet["pred_hidden"])
-        if int(jointnet.get("joint_hidden", hidden)) != hidden:
-            raise _refuse(where, "joint.jointnet.joint_hidden", jointnet["joint_hidden"],
-                          f"the joint's width must equal the predictor's pred_hidden={hidden}")
+        joint_hidden = int(jointnet.get("joint_hidden", hidden))
         vocab = _head_vocab(where, state_dict, "decoder.embedding.weight")
         greedy = (cfg.get("decoding") or {}).get("greedy") or {}
         max_symbols = greedy.get("max_symbols", greedy.get("max_symbols_per_step")) or 10
         return self.config_class(vocab_size=vocab, blank_id=vocab - 1, decoder_hidden_size=hidden,
                                  num_decoder_layers=int(prednet.get("pred_rnn_layers", 1)),
                                  joint_act=str(jointnet.get("activation", "relu")),
+                                 joint_hidden_size=None if joint_hidden == hidden else joint_hidden,
                                  max_symbols_per_step=int(max_symbols),
                                  **encoder_fields(where, cfg, streaming=bool(self.streaming)),
                                  **self.head_fields(where, cfg))

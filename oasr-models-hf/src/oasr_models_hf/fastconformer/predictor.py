@@ -77,10 +77,11 @@ class AdditiveJoint(nn.Module):
     def __init__(self, config: ParakeetRnntConfig):
         super().__init__()
         d = config.decoder_hidden_size
+        j = config.joint_hidden_size or d
         self.durations = tuple(config.durations)
-        self.encoder_projector = Linear(config.hidden_size, d)
-        self.decoder_projector = Linear(d, d)
-        self.head = Linear(d, config.vocab_size + len(self.durations))
+        self.encoder_projector = Linear(config.hidden_size, j)
+        self.decoder_projector = Linear(d, j)
+        self.head = Linear(j, config.vocab_size + len(self.durations))
         self._act = activation_fn(config.joint_act)
 
     def project_encoder(self, hidden: torch.Tensor) -> torch.Tensor:

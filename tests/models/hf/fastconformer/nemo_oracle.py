@@ -21,6 +21,8 @@ import torch
 WORDS = ("the quick brown fox jumps over the lazy dog please call me back when you get this message "
          "no the weather today is sunny with a light breeze and the sea is calm").split()
 MELS, D_MODEL, PRED = 80, 32, 40
+#: the hybrid's joint is wider than its predictor (NeMo's joint_hidden != pred_hidden); the others tie them
+JOINT = {"hybrid": 48}
 DURATIONS = [0, 1, 2, 3, 4]
 CTC, TDT, CACHE_AWARE = ("ctc", "ctc_cache"), ("tdt", "tdt_cache"), ("ctc_cache", "rnnt_cache", "tdt_cache")
 
@@ -75,14 +77,14 @@ def model_config(kind: str, tokdir: Path) -> dict:
         return dict(cfg, decoder=ctc_decoder)
     tdt = kind in TDT
     cfg.update(
-        model_defaults={"enc_hidden": D_MODEL, "pred_hidden": PRED, "joint_hidden": PRED,
+        model_defaults={"enc_hidden": D_MODEL, "pred_hidden": PRED, "joint_hidden": JOINT.get(kind, PRED),
                         **({"tdt_durations": DURATIONS, "num_tdt_durations": len(DURATIONS)} if tdt else {})},
         decoder={"_target_": "nemo.collections.asr.modules.RNNTDecoder", "normalization_mode": None,
                  "random_state_sampling": False, "blank_as_pad": True,
                  "prednet": {"pred_hidden": PRED, "pred_rnn_layers": 2, "t_max": None, "dropout": 0.0}},
         joint={"_target_": "nemo.collections.asr.modules.RNNTJoint", "log_softmax": None,
                "preserve_memory": False, "fuse_loss_wer": False, "fused_batch_size": -1,
-               "jointnet": {"joint_hidden": PRED, "activation": "relu", "dropout": 0.0},
+               "jointnet": {"joint_hidden": JOINT.get(kind, PRED), "activation": "relu", "dropout": 0.0},
                **({"num_extra_outputs": len(DURATIONS)} if tdt else {})},
         # at most 3 labels a frame (a random joint that prefers a label at a frame keeps preferring it there)
         decoding={"strategy": "greedy_batch", "greedy": {"max_symbols": 3},

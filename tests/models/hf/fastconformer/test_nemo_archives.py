@@ -116,6 +116,9 @@ def test_loads_by_detection_with_the_heads_config(built, loaded):
     if kind not in CTC:
         assert decode.options["max_symbols"] == 3  # the archive's decoding.greedy.max_symbols
         assert loaded.model.joiner.durations == ((0, 1, 2, 3, 4) if kind in TDT else ())
+        # the hybrid's joint is 48 wide over a 40-wide predictor (joint_hidden != pred_hidden)
+        assert loaded.config.joint_hidden_size == (48 if kind == "hybrid" else None)
+        assert loaded.model.joiner.head.weight.shape[1] == (48 if kind == "hybrid" else 40)
 
 
 def test_frontend_equals_nemo_preprocessor(built, loaded, speech):
