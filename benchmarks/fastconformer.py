@@ -151,11 +151,38 @@ def run_sherpa(recognizer, ids: dict, clips, batch: int):
     return out
 
 
+def same_weights(kind: str, out: Path, loaded, clips) -> str:
+    """NeMo's ONNX export (onnxruntime) against OASR's encoder on OASR's own features of each clip: the check
+    that sherpa-onnx's graph holds the archive's weights (sherpa-onnx itself computes other features)."""
+    import onnxruntime as ort
+
+    from oasr.features import FeatureConfig, extract_features_batch
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(out / ("model.onnx" if kind == "ctc" else "encoder.onnx")), options)
+    names = [i.name for i in session.get_inputs()]
+    worst = 0.0
+    for clip in clips:
+        feats, lens = extract_features_batch([torch.from_numpy(clip)], FeatureConfig.from_spec(loaded.feature_spec))
+        with torch.no_grad():
+            ours, _ = loaded.model.encoder(feats, lens)
+            if kind == "ctc":
+                ours = loaded.model.ctc_head(ours).log_softmax(-1)
+        theirs = torch.from_numpy(session.run(None, {names[0]: feats.transpose(1, 2).numpy(),
+                                                     names[1]: lens.numpy()})[0])
+        theirs = theirs if kind == "ctc" else theirs.transpose(1, 2)
+        worst = max(worst, float((ours - theirs).abs().max() / theirs.abs().max()))
+    what = "CTC log-probs" if kind == "ctc" else "encoder output"
+    return f"NeMo's ONNX export vs OASR on OASR's features ({len(clips)} clips): {what} max relative error {worst:.1e}"
+
+
 def measure(kind: str, out: Path, clips, args) -> tuple[dict, dict]:
     from oasr.checkpoints.loading import load_pretrained
     from oasr.engine import Engine, EngineConfig
 
     loaded = load_pretrained(out / "model.nemo")
+    print(same_weights(kind, out, loaded, clips[:4]))
     hf, processor = hf_model(kind, out, loaded)
     recognizer = sherpa_model(kind, out)
     # sherpa-onnx reports each piece's text, its word-start mark as a space
