@@ -20,12 +20,15 @@ def _fixture_log_probs(model, refs):
     return out
 
 
-def test_int8_keeps_the_ctc_head_and_the_embed_projection_at_full_precision(model_dir):
+def test_int8_keeps_the_ctc_head_the_embed_and_attention_output_projections_at_full_precision(model_dir):
     model = oasr.load_pretrained(model_dir).model
     section = quantize_model_int8(model)
     assert is_quantized(model)
     assert "encoder.encoders.0.feed_forward.w_1" in section["layers"]
-    assert not any(name.startswith(("ctc", "encoder.embed")) for name in section["layers"]), section["layers"]
+    assert not any(name.startswith(("ctc", "encoder.embed"))
+                   or (name.startswith("encoder.") and name.endswith("self_attn.linear_out"))
+                   for name in section["layers"]), section["layers"]
+    assert "encoder.encoders.0.self_attn.linear_v" in section["layers"]
     assert model.ctc.ctc_lo.weight.dtype == torch.float32
 
 
