@@ -436,9 +436,9 @@ def _stream(strategy, model, feats, lengths, options, split):
     return [s.final([], strategy.frame_seconds()) for s in searches]
 
 
-@pytest.mark.parametrize("case", ["greedy1", "greedy3", "lstm", "beam", "hotwords", "tdt", "tdt_beam"])
+@pytest.mark.parametrize("case", ["greedy1", "greedy3", "lstm", "beam", "hotwords", "tdt", "tdt_beam", "tdt_maes"])
 def test_streaming_in_chunks_equals_offline(case):
-    if case == "tdt_beam":  # NeMo's TDT beam search over a recurrent predictor, blank 0
+    if case in ("tdt_beam", "tdt_maes"):  # NeMo's TDT beam search over a recurrent predictor, blank 0
         model = ToyTransducerModel(ToyTransducerConfig(feat_dim=6, vocab=7, recurrent=True, durations=(0, 1, 2, 3)))
         with torch.no_grad():
             model.joiner.out.weight.mul_(0.5)
@@ -454,9 +454,10 @@ def test_streaming_in_chunks_equals_offline(case):
             model.joiner.out.bias[0] += 1.0
         feats = frames_of(7, 3, 13)
         lengths = [13, 8, 11]
-    options = TransducerOptions(max_symbols=3 if case in ("greedy3", "tdt") else 1)
+    options = TransducerOptions(max_symbols=3 if case in ("greedy3", "tdt") else 1,
+                                search="maes" if case == "tdt_maes" else None)
     strategy = strategy_for(model, options)
-    if case in ("beam", "tdt_beam"):
+    if case in ("beam", "tdt_beam", "tdt_maes"):
         opts = [DecodingOptions(beam_size=4, n_best=3)] * len(lengths)
     elif case == "hotwords":
         opts = [DecodingOptions(hotwords=("bd",))] * len(lengths)
@@ -533,6 +534,10 @@ def test_n_best_above_the_beam_and_bad_hotwords_and_tdt_hotwords_are_refused():
     assert err.value.param == "hotwords"
     with pytest.raises(ConfigError, match="TDT durations"):  # the modified beam search itself still refuses them
         BeamRows(*toy(durations=(0, 1, 2)), 1, "cpu", blank_id=0)
+    with pytest.raises(ConfigError, match="search='maes' is refused: mAES is NeMo's search over a TDT joint"):
+        strategy_for(ToyTransducerModel(ToyTransducerConfig()), TransducerOptions(search="maes"))
+    with pytest.raises(ConfigError, match="'greedy', 'modified_beam' or 'maes'"):
+        strategy_for(ToyTransducerModel(ToyTransducerConfig()), TransducerOptions(search="tsd"))
     with pytest.raises(ConfigError, match="n_best"):
         pred, joiner = toy()
         transducer_modified_beam_search(pred, joiner, torch.zeros(1, 2, 16, dtype=F64), [2], blank_id=0,

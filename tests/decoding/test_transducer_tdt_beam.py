@@ -1,6 +1,7 @@
-"""TDT beam search (:mod:`oasr.decoding.tdt_beam`) against NeMo's own ``BeamTDTInfer`` (``search_type="default"``)
-on tiny random LSTM-predictor TDT heads: every kept hypothesis (labels in n-best order, scores), for
-several duration sets and beams, batched rows against each row alone.
+"""TDT beam search (:mod:`oasr.decoding.tdt_beam`, :mod:`oasr.decoding.tdt_maes`) against NeMo's own
+``BeamTDTInfer`` (``search_type`` ``"default"`` and ``"maes"``) on tiny random LSTM-predictor TDT heads: every
+kept hypothesis (labels in n-best order, scores), for several duration sets and beams, batched rows against
+each row alone.
 
 NeMo's modules get the very weights of our toys (its ``RNNTDecoder`` / ``RNNTJoint`` state dicts, loaded
 strictly) and the same encoder frames.  Near-ties: a clip whose n-best changes when our joint's head is
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from oasr.decoding import tdt_beam
-from oasr.decoding.tdt_beam import TdtBeamRows, tdt_beam_search
+from oasr.decoding.tdt_beam import TdtBeamRows, tdt_beam_rows, tdt_beam_search
 from oasr.errors import ConfigError
 from tests.decoding._tdt_beam_oracle import lstm_joint_spec, nbest_mismatch, run_nemo_tdt_beam
 from tests.decoding._transducer_toys import LstmPredictor, ToyJoiner
@@ -29,6 +30,7 @@ LENGTHS = [30, 17, 24, 9]
 CASES = [("d01234", (0, 1, 2, 3, 4), 1, 0.5, 0.4), ("d0124", (0, 1, 2, 4), 2, 2.0, 0.5),
          ("d123", (1, 2, 3), 3, 0.0, 0.4)]
 BEAMS = (1, 2, 4)
+SEARCHES = ("default", "maes")
 PERTURB = 3e-5
 
 
@@ -36,6 +38,7 @@ def toy(durations, seed: int, blank_bias: float, head_scale: float):
     pred = LstmPredictor(VOCAB, dim=8, blank_id=BLANK, seed=40 + seed)
     joiner = ToyJoiner(6, 8, VOCAB, joiner_dim=16, durations=durations, seed=50 + seed)
     with torch.no_grad():
+        pred.embedding.weight[BLANK].zero_()  # NeMo's blank is its embedding's zero padding row
         joiner.out.weight.mul_(head_scale)
         joiner.out.bias[BLANK] += blank_bias
     return pred.eval(), joiner.eval()
@@ -53,11 +56,11 @@ def spec_of(pred, joiner, hidden) -> dict:
                            encoder=[hidden[b, :n] for b, n in enumerate(LENGTHS)])
 
 
-def ours_all(pred, joiner, hidden, beam: int) -> list[list]:
+def ours_all(pred, joiner, hidden, beam: int, search: str = "default") -> list[list]:
     """Every kept hypothesis per row (best first), the rows searched as one batch."""
     with torch.no_grad():
         enc = joiner.project_encoder(hidden)
-        rows = TdtBeamRows(pred, joiner, len(LENGTHS), "cpu", blank_id=BLANK, beam_size=beam)
+        rows = tdt_beam_rows(pred, joiner, len(LENGTHS), "cpu", blank_id=BLANK, beam_size=beam, search=search)
         for t in range(max(LENGTHS)):
             active = [b for b, n in enumerate(LENGTHS) if n > t]
             rows.step(enc[active, t], active)
@@ -80,12 +83,16 @@ def nemo(tmp_path_factory) -> dict:
     specs = {}
     for name, durations, seed, bias, scale in CASES:
         pred, joiner = toy(durations, seed, bias, scale)
-        specs[name] = dict(spec_of(pred, joiner, hidden_of(seed)), runs=[["default", b] for b in BEAMS])
+        specs[name] = dict(spec_of(pred, joiner, hidden_of(seed)), runs=[[s, b] for s in SEARCHES for b in BEAMS])
     return run_nemo_tdt_beam(specs, tmp_path_factory.mktemp("tdt_beam"))
 
 
-def compare(nemo, search=ours_all) -> tuple[int, int, list[str]]:
-    """(clips compared, clips in all, mismatches) over every case and beam."""
+def compare(nemo, search_type: str = "default") -> tuple[int, int, list[str]]:
+    """(clips compared, clips in all, mismatches) over every case and beam of one NeMo search type."""
+
+    def search(pred, joiner, hidden, beam):
+        return ours_all(pred, joiner, hidden, beam, search_type)
+
     compared, total, failures = 0, 0, []
     for name, durations, seed, bias, scale in CASES:
         pred, joiner = toy(durations, seed, bias, scale)
@@ -93,7 +100,7 @@ def compare(nemo, search=ours_all) -> tuple[int, int, list[str]]:
         for beam in BEAMS:
             ours = search(pred, joiner, hidden, beam)
             shaken = [search(pred, perturbed(joiner, s), hidden, beam) for s in (1, 2)]
-            for b, theirs in enumerate(nemo[name][f"default/{beam}"]):
+            for b, theirs in enumerate(nemo[name][f"{search_type}/{beam}"]):
                 total += 1
                 tokens = [h.tokens for h in ours[b]]
                 if any([h.tokens for h in other[b]] != tokens for other in shaken):
@@ -105,21 +112,29 @@ def compare(nemo, search=ours_all) -> tuple[int, int, list[str]]:
     return compared, total, failures
 
 
-def test_every_kept_hypothesis_equals_nemo_beam_tdt_infer(nemo):
-    compared, total, failures = compare(nemo)
+@pytest.mark.parametrize("search_type", SEARCHES)
+def test_every_kept_hypothesis_equals_nemo_beam_tdt_infer(nemo, search_type):
+    compared, total, failures = compare(nemo, search_type)
     assert not failures, "\n".join(failures)
     assert compared >= 0.8 * total, f"only {compared} of {total} clips were clear of near-ties"
     # the cases exercise the search: several labels, several hypotheses, different n-best lists
-    lists = [clip for case in nemo.values() for clips in case.values() for clip in clips]
+    lists = [clip for case in nemo.values() for key, clips in case.items() if key.startswith(search_type)
+             for clip in clips]
     assert sum(len(clip[0]["tokens"]) for clip in lists) >= 5 * len(lists)
     assert sum(len(clip) > 1 for clip in lists) >= 0.5 * len(lists)
 
 
 def test_a_broken_rule_fails_the_comparison(nemo, monkeypatch):
-    """The test of the test: a search that adds scores of duplicates instead of ``logaddexp`` (or never
-    merges) is caught on clips clear of near-ties."""
-    monkeypatch.setattr(tdt_beam, "_merge", lambda hyps: list(hyps))
-    compared, _, failures = compare(nemo)
+    """The test of the test: a search that never merges duplicates is caught on clips clear of near-ties, and
+    so is an mAES that ignores its prefix search."""
+    from oasr.decoding import tdt_maes
+
+    with monkeypatch.context() as patch:
+        patch.setattr(tdt_beam, "_merge", lambda hyps: list(hyps))
+        compared, _, failures = compare(nemo)
+        assert compared > 0 and failures
+    monkeypatch.setattr(tdt_maes.TdtMaesRows, "_prefix_search", lambda self, hyps, enc: hyps)
+    compared, _, failures = compare(nemo, "maes")
     assert compared > 0 and failures
 
 
@@ -155,3 +170,7 @@ def test_refusals_name_the_problem():
         TdtBeamRows(pred, zero_only, 1, "cpu", blank_id=BLANK)
     with pytest.raises(ConfigError, match="n_best"):
         tdt_beam_search(pred, joiner, torch.zeros(1, 2, 16), [2], blank_id=BLANK, beam_size=2, n_best=3)
+    with pytest.raises(ConfigError, match="'default' or 'maes'"):
+        tdt_beam_rows(pred, joiner, 1, "cpu", blank_id=BLANK, search="tsd")
+    with pytest.raises(ConfigError, match="beam_size \\+ expansion_beta = 13"):
+        tdt_beam_search(pred, joiner, torch.zeros(1, 2, 16), [2], blank_id=BLANK, beam_size=11, search="maes")

@@ -29,7 +29,8 @@ A predictor output is computed once per label sequence (NeMo's hypothesis cache)
 the sequence without its last label, so any predictor state serves, recurrent ones included.  The
 rows of a batch are independent; the expansions of all rows that have one pending run in one
 predictor call and one joint call.  :class:`TdtBeamRows` consumes frames one at a time, so a stream
-fed chunk by chunk gives the offline result.
+fed chunk by chunk gives the offline result.  NeMo's other frame-synchronous TDT search, mAES
+(``search_type="maes"``), is :mod:`oasr.decoding.tdt_maes`.
 """
 
 from __future__ import annotations
@@ -44,13 +45,16 @@ import torch
 from oasr.decoding.types import Hypothesis
 from oasr.errors import ConfigError
 
-__all__ = ["TdtBeamRows", "tdt_beam_search"]
+__all__ = ["TdtBeamRows", "tdt_beam_rows", "tdt_beam_search"]
 
 
 class _Hyp:
-    __slots__ = ("frames", "last_frame", "log_probs", "score", "tokens")
+    __slots__ = ("frames", "last_frame", "log_probs", "outs", "score", "tokens")
 
-    def __init__(self, tokens: tuple, score: np.float32, last_frame: int, frames: tuple, log_probs: tuple):
+    def __init__(self, tokens: tuple, score: np.float32 | float, last_frame: int, frames: tuple, log_probs: tuple,
+                 outs: tuple = ()):
+        #: (mAES only) the projected predictor outputs after each prefix of ``tokens``, the last one current
+        self.outs = outs
         self.tokens = tokens
         self.score = score
         self.last_frame = last_frame
@@ -59,7 +63,8 @@ class _Hyp:
 
 
 def _merge(hyps: list[_Hyp]) -> list[_Hyp]:
-    """NeMo's ``merge_duplicate_hypotheses``: by (labels, frame), best first, scores ``logaddexp``-ed in float32."""
+    """NeMo's ``merge_duplicate_hypotheses``: by (labels, frame), best first, scores ``logaddexp``-ed in float32
+    (a score keeps its type: NeMo's default search adds in float32, its mAES in float64)."""
     kept: dict[tuple, _Hyp] = {}
     for hyp in sorted(hyps, key=lambda h: h.score, reverse=True):
         key = (hyp.tokens, hyp.last_frame)
@@ -68,7 +73,7 @@ def _merge(hyps: list[_Hyp]) -> list[_Hyp]:
             kept[key] = hyp
         else:
             merged = torch.logaddexp(torch.tensor(float(old.score)), torch.tensor(float(hyp.score)))
-            old.score = np.float32(merged.item())
+            old.score = type(old.score)(merged.item())
     return list(kept.values())
 
 
@@ -208,16 +213,32 @@ class TdtBeamRows:
                 for h in ranked[:n_best or len(ranked)]]
 
 
+def tdt_beam_rows(predictor: Any, joiner: Any, batch: int, device: torch.device | str, *, blank_id: int,
+                  beam_size: int = 4, search: str = "default") -> TdtBeamRows:
+    """The search state of NeMo's ``search_type`` ``"default"`` (:class:`TdtBeamRows`) or ``"maes"``
+    (:class:`~oasr.decoding.tdt_maes.TdtMaesRows`, NeMo's default mAES settings)."""
+    if search == "maes":
+        from oasr.decoding.tdt_maes import TdtMaesRows
+
+        return TdtMaesRows(predictor, joiner, batch, device, blank_id=blank_id, beam_size=beam_size)
+    if search != "default":
+        raise ConfigError(f"TDT beam search type must be 'default' or 'maes', got {search!r}", key="search")
+    return TdtBeamRows(predictor, joiner, batch, device, blank_id=blank_id, beam_size=beam_size)
+
+
 def tdt_beam_search(predictor: Any, joiner: Any, enc_proj: torch.Tensor, lengths: torch.Tensor | Sequence[int], *,
-                    blank_id: int, beam_size: int = 4, n_best: int = 1) -> list[list[Hypothesis]]:
-    """TDT beam search of each row of the projected frames ``enc_proj`` (B, T, J): the ``n_best`` best per row."""
+                    blank_id: int, beam_size: int = 4, n_best: int = 1, search: str = "default"
+                    ) -> list[list[Hypothesis]]:
+    """TDT beam search (``search``: ``"default"`` or ``"maes"``) of each row of the projected frames ``enc_proj``
+    (B, T, J): the ``n_best`` best per row."""
     from oasr.decoding.transducer import _check_enc, _row_lengths
 
     _check_enc(enc_proj)
     if int(n_best) < 1 or int(n_best) > int(beam_size):
         raise ConfigError(f"n_best must lie in [1, beam_size={beam_size}], got {n_best}", key="n_best")
     lens = _row_lengths(lengths, enc_proj.shape[0], enc_proj.shape[1])
-    rows = TdtBeamRows(predictor, joiner, enc_proj.shape[0], enc_proj.device, blank_id=blank_id, beam_size=beam_size)
+    rows = tdt_beam_rows(predictor, joiner, enc_proj.shape[0], enc_proj.device, blank_id=blank_id,
+                         beam_size=beam_size, search=search)
     for t in range(max(lens, default=0)):
         active = [b for b, n in enumerate(lens) if n > t]
         rows.step(enc_proj[torch.tensor(active, dtype=torch.long, device=enc_proj.device), t], active)

@@ -9,7 +9,7 @@ Which search a request gets: greedy unless the engine option ``search`` is ``"mo
 request asks ``beam_size > 1``, ``n_best > 1`` or hotwords.  The beam search is icefall's modified beam
 search (:mod:`oasr.decoding.transducer`, label-window predictors, hotwords) for an RNN-T joint, and
 NeMo's TDT beam search (:mod:`oasr.decoding.tdt_beam`, any predictor, no hotwords) for a joint with
-duration logits.  Checkpoint defaults
+duration logits; ``search="maes"`` picks NeMo's mAES over the TDT joint instead.  Checkpoint defaults
 (``DecodingDefaults.options``: ``unk_id``, ``max_symbols``, ``beam_size``, ``hotword_score``,
 ``search``) stand in for options the engine configuration leaves unset.
 """
@@ -33,9 +33,10 @@ DEFAULTS = {"search": "greedy", "beam_size": 4, "max_symbols": 1, "hotword_score
 
 @attrs.define
 class TransducerOptions:
-    #: "greedy" or "modified_beam" (None: the checkpoint's, else greedy); a request asking
-    #: beam_size > 1, n_best > 1 or hotwords gets beam search (a TDT joint: NeMo's TDT beam search)
-    search: Literal["greedy", "modified_beam"] | None = None
+    #: "greedy", "modified_beam" or (TDT only) "maes" (None: the checkpoint's, else greedy); a request asking
+    #: beam_size > 1, n_best > 1 or hotwords gets beam search (a TDT joint: NeMo's TDT beam search, "default"
+    #: unless "maes")
+    search: Literal["greedy", "modified_beam", "maes"] | None = None
     #: beam of modified beam search (None: the checkpoint's, else 4)
     beam_size: int | None = None
     #: labels emitted per frame at most, greedy (None: the checkpoint's, else 1)
@@ -65,7 +66,8 @@ class TransducerDecodeStrategy(DecodeStrategy):
         self.joiner = ctx.model.joiner
         unk = ctx.decoding_defaults.options.get("unk_id") if ctx.decoding_defaults.options else None
         self.unk_id = None if unk is None else int(unk)
-        asked = ("search", "search='modified_beam'") if self.options.search == "modified_beam" else (
+        search = self.options.search
+        asked = ("search", f"search={search!r}") if search in ("modified_beam", "maes") else (
             ("beam_size", f"beam_size={explicit_beam}") if explicit_beam is not None and explicit_beam > 1 else None)
         reason = self._beam_refusal() if asked else None
         if reason:
@@ -79,9 +81,9 @@ class TransducerDecodeStrategy(DecodeStrategy):
             if value is None:
                 value = checkpoint.get(name, default)
             values[name] = value
-        if values["search"] not in ("greedy", "modified_beam"):
-            raise ConfigError(f"decode option search must be 'greedy' or 'modified_beam', got {values['search']!r}",
-                              key="search")
+        if values["search"] not in ("greedy", "modified_beam", "maes"):
+            raise ConfigError(f"decode option search must be 'greedy', 'modified_beam' or 'maes', got "
+                              f"{values['search']!r}", key="search")
         for name in ("beam_size", "max_symbols"):
             if int(values[name]) < 1:
                 raise ConfigError(f"decode option {name} must be at least 1, got {values[name]}", key=name)
@@ -97,6 +99,8 @@ class TransducerDecodeStrategy(DecodeStrategy):
         """Why beam search cannot run on this model (None: it can)."""
         if self._tdt():
             return None  # TDT beam search keeps one predictor state per label sequence: any predictor
+        if self.options.search == "maes":
+            return "mAES is NeMo's search over a TDT joint, and this joint has no duration logits"
         if not getattr(self.predictor, "label_window_state", False):
             return (f"{type(self.predictor).__name__} keeps a recurrent state (label_window_state is False), and "
                     f"modified beam search needs a label-window state; decode it greedily (beam_size 1)")
@@ -130,8 +134,13 @@ class TransducerDecodeStrategy(DecodeStrategy):
                                    request_id=request_id, param="hotwords") from exc
 
     def _beam(self, options) -> bool:
-        return (self.options.search == "modified_beam" or (options.beam_size or 1) > 1 or options.n_best > 1
-                or bool(options.hotwords))
+        return (self.options.search in ("modified_beam", "maes") or (options.beam_size or 1) > 1
+                or options.n_best > 1 or bool(options.hotwords))
+
+    @property
+    def tdt_search(self) -> str:
+        """NeMo's ``search_type`` of the TDT beam search: ``"maes"`` or ``"default"``."""
+        return "maes" if self.options.search == "maes" else "default"
 
     def _beam_size(self, options) -> int:
         return options.beam_size if (options.beam_size or 1) > 1 else self.options.beam_size
@@ -192,7 +201,8 @@ class TransducerDecodeStrategy(DecodeStrategy):
             index = torch.tensor(rows, dtype=torch.long, device=enc_proj.device)
             if self._tdt():
                 nbests = tdt_beam_search(self.predictor, self.joiner, enc_proj[index], lengths[rows],
-                                         blank_id=self.blank_id, beam_size=beam, n_best=n_best)
+                                         blank_id=self.blank_id, beam_size=beam, n_best=n_best,
+                                         search=self.tdt_search)
             else:
                 context = self.context_graph(hotwords) if hotwords else None
                 nbests = transducer_modified_beam_search(self.predictor, self.joiner, enc_proj[index],
@@ -237,16 +247,16 @@ class TransducerStreamSearch:
     keeps_hidden = False
 
     def __init__(self, strategy: TransducerDecodeStrategy, options):
-        from oasr.decoding.tdt_beam import TdtBeamRows
+        from oasr.decoding.tdt_beam import TdtBeamRows, tdt_beam_rows
         from oasr.decoding.transducer import BeamRows, GreedyRows
 
         self.strategy = strategy
         self.options = options
         device = strategy.ctx.device
         if strategy._beam(options) and strategy._tdt():
-            self.beam: BeamRows | TdtBeamRows | None = TdtBeamRows(
+            self.beam: BeamRows | TdtBeamRows | None = tdt_beam_rows(
                 strategy.predictor, strategy.joiner, 1, device, blank_id=strategy.blank_id,
-                beam_size=strategy._beam_size(options))
+                beam_size=strategy._beam_size(options), search=strategy.tdt_search)
             self.greedy = None
         elif strategy._beam(options):
             context = strategy.context_graph(options.hotwords) if options.hotwords else None
