@@ -11,7 +11,7 @@ A ``.nemo`` file (see :mod:`oasr_models_hf.fastconformer.nemo`) is claimed by wh
 - ``nemo_tdt``: an RNN-T model whose loss is ``tdt`` (or whose ``decoding.model_type`` is ``tdt``); the
   durations come from ``decoding.durations``, ``loss.tdt_kwargs.durations`` or
   ``model_defaults.tdt_durations``, in that order; ``decoding.strategy: beam`` makes NeMo's TDT beam search
-  (``beam.beam_size``) the default search;
+  (``beam.beam_size``) the default search, ``maes`` its mAES;
 - ``nemo_rnnt_streaming``: a cache-aware RNN-T, hybrid or TDT model — causal subsampling, causal convolutions
   with ``layer_norm``, ``chunked_limited`` attention — on the Nemotron encoder: the config's first
   ``att_context_size`` ``[left, right]`` is ``sliding_window = left + 1`` and ``num_lookahead_tokens = right``,
@@ -404,18 +404,24 @@ def tdt_fields(path: Path, config: dict[str, Any]) -> dict[str, Any]:
 
 
 def tdt_decoding_defaults(path: Path, config: dict[str, Any], defaults: DecodingDefaults) -> DecodingDefaults:
-    """Greedy, or NeMo's TDT beam search when the archive's ``decoding.strategy`` is ``beam`` (its
-    ``beam.beam_size``, default 4); other strategies (``maes``, ``malsd_batch``) decode greedily."""
+    """Greedy, or NeMo's TDT beam search when the archive's ``decoding.strategy`` is ``beam`` or ``maes``
+    (its ``beam.beam_size``, default 4; mAES with NeMo's default settings); other strategies
+    (``malsd_batch``, ...) decode greedily."""
     decoding = config.get("decoding") or {}
-    if decoding.get("strategy") != "beam":
+    strategy = decoding.get("strategy")
+    if strategy not in ("beam", "maes"):
         return defaults
     beam = decoding.get("beam") or {}
-    for key, want in (("score_norm", True), ("softmax_temperature", 1.0)):
+    fixed = [("score_norm", True), ("softmax_temperature", 1.0)]
+    if strategy == "maes":
+        fixed += [("maes_num_steps", 2), ("maes_prefix_alpha", 1), ("maes_expansion_gamma", 2.3),
+                  ("maes_expansion_beta", 2)]
+    for key, want in fixed:
         if beam.get(key, want) != want:
             raise _refuse(path, f"decoding.beam.{key}", beam[key],
                           f"the TDT beam search ranks as NeMo's default ({key}={want})")
     return DecodingDefaults(decode_type=defaults.decode_type, blank_id=defaults.blank_id,
-                            options=dict(defaults.options, search="modified_beam",
+                            options=dict(defaults.options, search="maes" if strategy == "maes" else "modified_beam",
                                          beam_size=int(beam.get("beam_size", 4))))
 
 

@@ -201,17 +201,17 @@ def hypothesis_fields(hyps) -> tuple[list[str], list[list[int]], list]:
     return texts, tokens, logprobs
 
 
-def beam_outputs(model, wavs: list[Path], encoded: list[torch.Tensor], beam: int = 4) -> dict:
-    """A TDT model's beam search (``decoding.strategy="beam"``: ``BeamTDTInfer``, search_type "default"):
-    ``transcribe()``'s best text and ids per clip, and the whole n-best (labels, score, text) of the search
-    run on the saved encoder outputs."""
+def beam_outputs(model, wavs: list[Path], encoded: list[torch.Tensor], strategy: str, beam: int = 4) -> dict:
+    """A TDT model's beam search (``decoding.strategy`` ``"beam"``: ``BeamTDTInfer`` search_type "default", or
+    ``"maes"``, NeMo's default mAES settings): ``transcribe()``'s best text and ids per clip, and the whole
+    n-best (labels, score, text) of the search run on the saved encoder outputs, under keys ``"{strategy}_..."``."""
     import copy
 
     from omegaconf import open_dict
 
     cfg = copy.deepcopy(model.cfg.decoding)
     with open_dict(cfg):
-        cfg.strategy = "beam"
+        cfg.strategy = strategy
         cfg.beam = {"beam_size": beam, "return_best_hypothesis": True, "score_norm": True}
     model.change_decoding_strategy(cfg, verbose=False)
     texts, tokens = [], []
@@ -230,7 +230,7 @@ def beam_outputs(model, wavs: list[Path], encoded: list[torch.Tensor], beam: int
             nbest.append([{"tokens": [int(x) for x in h.y_sequence.tolist()], "score": float(h.score),
                            "text": model.tokenizer.ids_to_text([int(x) for x in h.y_sequence.tolist()])}
                           for h in hyps[0].n_best_hypotheses])
-    return {"beam_size": beam, "beam_texts": texts, "beam_tokens": tokens, "beam_nbest": nbest}
+    return {"beam_size": beam, f"{strategy}_texts": texts, f"{strategy}_tokens": tokens, f"{strategy}_nbest": nbest}
 
 
 def main(argv: list[str]) -> int:
@@ -272,7 +272,8 @@ def main(argv: list[str]) -> int:
             feats.append(mel[0, :, : int(mel_len[0])].T.contiguous())
             encoded.append(enc[0, :, : int(enc_len[0])].T.contiguous())
     if kind in TDT:
-        extra.update(beam_outputs(model, wavs, encoded))
+        for strategy in ("beam", "maes"):
+            extra.update(beam_outputs(model, wavs, encoded, strategy))
     keys = sorted(model.state_dict())
     torch.save({"texts": texts, "tokens": tokens, "logprobs": logprobs, "feats": feats, "encoder": encoded, "keys": keys,
                 "vocab_size": int(model.tokenizer.vocab_size), **extra}, out / "oracle.pt")

@@ -205,21 +205,26 @@ def test_batched_equals_alone(built, loaded, speech):
     assert [o.tokens for o in alone] == [o.tokens for o in batched]
 
 
-def _tdt_nbest(loaded, enc: torch.Tensor, beam: int) -> list:
-    from oasr.decoding.tdt_beam import TdtBeamRows
+#: NeMo's decoding.strategy -> our TDT search (the transducer option ``search``)
+STRATEGIES = {"beam": "default", "maes": "maes"}
+
+
+def _tdt_nbest(loaded, enc: torch.Tensor, beam: int, search: str = "default") -> list:
+    from oasr.decoding.tdt_beam import tdt_beam_rows
 
     model = loaded.model
     with torch.no_grad():
         proj = model.joiner.project_encoder(enc[None])
-        rows = TdtBeamRows(model.predictor, model.joiner, 1, "cpu", blank_id=loaded.decoding_defaults.blank_id,
-                           beam_size=beam)
+        rows = tdt_beam_rows(model.predictor, model.joiner, 1, "cpu", blank_id=loaded.decoding_defaults.blank_id,
+                             beam_size=beam, search=search)
         for t in range(proj.shape[1]):
             rows.step(proj[:, t], [0])
     return rows.results(0)
 
 
-def test_tdt_beam_search_equals_nemo_beam_tdt_infer_on_its_encoder_output(built, loaded):
-    """Every kept hypothesis of NeMo's ``decoding.strategy="beam"`` (labels in order, scores), our search over
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_tdt_beam_search_equals_nemo_beam_tdt_infer_on_its_encoder_output(built, loaded, strategy):
+    """Every kept hypothesis of NeMo's ``decoding.strategy`` beam / maes (labels in order, scores), our search over
     the archive's predictor and joint fed NeMo's own encoder output; near-ties (an n-best that moves when the
     joint's head moves by 1e-6 relative, far above the float noise of the same computation) are not compared."""
     from tests.decoding._tdt_beam_oracle import nbest_mismatch, perturbed_head
@@ -227,25 +232,26 @@ def test_tdt_beam_search_equals_nemo_beam_tdt_infer_on_its_encoder_output(built,
     kind, _, ref = built
     if kind not in TDT:
         return  # only the TDT archives have a TDT beam search (checked when kind is tdt or tdt_cache)
-    compared = 0
-    for enc, theirs in zip(ref["encoder"], ref["beam_nbest"], strict=True):
-        ours = _tdt_nbest(loaded, enc, ref["beam_size"])
+    compared, search = 0, STRATEGIES[strategy]
+    for enc, theirs in zip(ref["encoder"], ref[f"{strategy}_nbest"], strict=True):
+        ours = _tdt_nbest(loaded, enc, ref["beam_size"], search)
         shaken = []
         for seed in (1, 2):
             with perturbed_head(loaded.model.joiner, seed):
-                shaken.append([h.tokens for h in _tdt_nbest(loaded, enc, ref["beam_size"])])
+                shaken.append([h.tokens for h in _tdt_nbest(loaded, enc, ref["beam_size"], search)])
         if any(other != [h.tokens for h in ours] for other in shaken):
             continue
         assert nbest_mismatch(ours, theirs) is None, nbest_mismatch(ours, theirs)
         compared += 1
-    assert compared >= len(ref["beam_nbest"]) - 1, "too few clips were clear of near-ties to compare"
-    assert sum(len(n) > 1 for n in ref["beam_nbest"]) >= 3 and ref["beam_tokens"] != ref["tokens"]
+    assert compared >= len(ref[f"{strategy}_nbest"]) - 1, "too few clips were clear of near-ties to compare"
+    assert sum(len(n) > 1 for n in ref[f"{strategy}_nbest"]) >= 3 and ref[f"{strategy}_tokens"] != ref["tokens"]
 
 
-def test_tdt_beam_through_the_engine_equals_nemo_transcribe(built, loaded, speech):
-    """``beam_size=4`` on the TDT archive: the best ids and text equal ``transcribe()`` with NeMo's beam
-    strategy, the n-best texts NeMo's n-best (clips whose results move under a perturbation of the joint's
-    encoder projection as large as the two encoders' difference excepted)."""
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_tdt_beam_through_the_engine_equals_nemo_transcribe(built, loaded, speech, strategy):
+    """``beam_size=4`` on the TDT archive (``search="maes"`` for NeMo's maes): the best ids and text equal
+    ``transcribe()`` with NeMo's beam / maes strategy, the n-best texts NeMo's n-best (clips whose results move
+    under a perturbation of the joint's encoder projection as large as the two encoders' difference excepted)."""
     from oasr.engine.options import DecodingOptions
     from tests.decoding._tdt_beam_oracle import perturbed_head
 
@@ -256,7 +262,8 @@ def test_tdt_beam_through_the_engine_equals_nemo_transcribe(built, loaded, speec
     options = DecodingOptions(beam_size=ref["beam_size"], n_best=ref["beam_size"])
     # our encoder's frames are NeMo's within 1e-4 relative (test_encoder_within_1e4_relative): a clip whose
     # results move when the joint's encoder projection moves that much hinges on a near-tie
-    engine = Engine(EngineConfig(max_batch_size=1), loaded=loaded)
+    engine = Engine(EngineConfig(max_batch_size=1, decode_options={"search": "maes"} if strategy == "maes" else {}),
+                    loaded=loaded)
 
     def run():
         return [(o.tokens, o.text, o.nbest) for o in engine.transcribe_outputs(audios, decoding=options)]
@@ -270,9 +277,9 @@ def test_tdt_beam_through_the_engine_equals_nemo_transcribe(built, loaded, speec
     for i, (tokens, text, nbest) in enumerate(outputs):
         if any(other[i] != outputs[i] for other in shaken):
             continue
-        assert tokens == ref["beam_tokens"][i], f"best ids differ from NeMo's beam for clip {i}"
-        assert text == ref["beam_texts"][i]
-        assert nbest == [h["text"] for h in ref["beam_nbest"][i]][: ref["beam_size"]]
+        assert tokens == ref[f"{strategy}_tokens"][i], f"best ids differ from NeMo's {strategy} for clip {i}"
+        assert text == ref[f"{strategy}_texts"][i]
+        assert nbest == [h["text"] for h in ref[f"{strategy}_nbest"][i]][: ref["beam_size"]]
         compared += 1
     assert compared >= len(audios) - 1, "too few clips were clear of near-ties to compare"
 
@@ -303,6 +310,11 @@ def test_a_tdt_archive_decoding_with_beam_makes_the_beam_search_the_default(buil
         audios, decoding=DecodingOptions(beam_size=3))
     greedy = Engine(EngineConfig(max_batch_size=1), loaded=load_pretrained(archive)).transcribe_outputs(audios)
     assert [o.tokens for o in default] == [o.tokens for o in asked] != [o.tokens for o in greedy]
+    maes = load_pretrained(_with_decoding(archive, tmp_path / "maes.nemo", strategy="maes", beam={"beam_size": 2}))
+    assert (maes.decoding_defaults.options["search"], maes.decoding_defaults.options["beam_size"]) == ("maes", 2)
+    with pytest.raises(UnsupportedConfigError, match="decoding.beam.maes_num_steps=3"):
+        load_pretrained(_with_decoding(archive, tmp_path / "steps.nemo", strategy="maes",
+                                       beam={"beam_size": 2, "maes_num_steps": 3}))
     with pytest.raises(UnsupportedConfigError, match="decoding.beam.score_norm=False"):
         load_pretrained(_with_decoding(archive, tmp_path / "norm.nemo", strategy="beam",
                                        beam={"beam_size": 4, "score_norm": False}))
