@@ -142,9 +142,48 @@ GROUPS = (("encoder self_attn", r"^encoder\.layers\.\d+\.self_attn\."), ("encode
           ("decoder fc1/fc2", r"^decoder\.layers\.\d+\.fc[12]$"), ("vocabulary projection", r"^decoder\.proj_out$"))
 
 
+def _prefix_share(reference, other) -> float:
+    """Tokens before each clip's first disagreement / reference tokens."""
+    kept = 0
+    for a, b in zip(reference, other, strict=True):
+        kept += next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return kept / max(1, sum(map(len, reference)))
+
+
+class LeadChange:
+    """Teacher-forced int8 noise: fp32's transcripts fed back through fp32 and a quantized model; the rms
+    change of fp32's top-1 logit lead over its top-2, and the steps whose argmax changes."""
+
+    def __init__(self, fp32: Oasr, clips, reference):
+        model = fp32.strategy.ctx.model
+        gen = model.config.generation
+        mels = fp32.strategy.log_mels([torch.from_numpy(c[1]) for c in clips])
+        self.feats = [m[:, :model.config.input_frames].t()[None] for m in mels]
+        self.ids = [torch.tensor([[gen.sot_id, gen.no_timestamps_id, *t]]) for t in reference]
+        with torch.inference_mode():
+            self.ref = [model.decoder(i, model.encode_offline(f)[0])[0] for f, i in
+                        zip(self.feats, self.ids, strict=True)]
+
+    def __call__(self, model) -> tuple[float, int, int]:
+        deltas, flips = [], 0
+        with torch.inference_mode():
+            for feats, ids, ref in zip(self.feats, self.ids, self.ref, strict=True):
+                got = model.decoder(ids, model.encode_offline(feats)[0])[0]
+                top = ref.topk(2, dim=-1).indices
+
+                def lead(x, top=top):
+                    return (x.gather(1, top[:, :1]) - x.gather(1, top[:, 1:])).squeeze(1)
+
+                deltas.append(lead(got) - lead(ref))
+                flips += int((got.argmax(-1) != top[:, 0]).sum())
+        delta = torch.cat(deltas)
+        return float(delta.pow(2).mean().sqrt()), flips, delta.numel()
+
+
 def sensitivity(model_dir: str, clips) -> None:
     """Greedy token agreement with OASR fp32 when only one group of linears is int8, then the shipped
-    layout and every linear int8: which layers lose the tokens."""
+    layout and every linear int8: which layers lose the tokens.  Per layout: free-running agreement
+    (1 - token edit distance / fp32 tokens), prefix agreement, WER, and the teacher-forced lead change."""
     import re
 
     from oasr.layers.linear import Linear
@@ -154,6 +193,7 @@ def sensitivity(model_dir: str, clips) -> None:
     fp32 = Oasr(model_dir, False, "greedy", 16)
     fp32.run(clips)
     reference, model = fp32.tokens, fp32.strategy.ctx.model
+    lead_change = LeadChange(fp32, clips, reference)
     names = [n for n, m in model.named_modules() if isinstance(m, Linear)]
     layouts = [(f"only {label} int8", tuple(n for n in names if not re.search(rx, n))) for label, rx in GROUPS]
     layouts += [("shipped quantization_layout()", model.quantization_layout().keep_full_precision),
@@ -165,8 +205,10 @@ def sensitivity(model_dir: str, clips) -> None:
         texts = system.run(clips)
         agree = 1 - sum(edit_distance(a, b) for a, b in zip(reference, system.tokens, strict=True)) / max(
             1, sum(map(len, reference)))
-        print(f"{label:36s} token agreement {100 * agree:5.1f} %  WER {100 * corpus_wer([c[2] for c in clips], texts):5.1f} %",
-              flush=True)
+        rms, flips, steps = lead_change(system.strategy.ctx.model)
+        print(f"{label:36s} token agreement {100 * agree:5.1f} %  prefix {100 * _prefix_share(reference, system.tokens):5.1f} %"
+              f"  WER {100 * corpus_wer([c[2] for c in clips], texts):5.1f} %  teacher-forced lead change rms "
+              f"{rms:.3f}, argmax flips {flips}/{steps}", flush=True)
 
 
 def _oasr_step_ms(decoder, cross, prompt: list[int], steps: int) -> float:

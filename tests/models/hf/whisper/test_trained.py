@@ -155,10 +155,10 @@ def _token_agreement(reference: list[list[int]], other: list[list[int]]) -> floa
     return 1 - sum(distance(a, b) for a, b in zip(reference, other, strict=True)) / sum(len(a) for a in reference)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 19, open: int8 token agreement with fp32 is 95.2% on these clips "
-                   "(greedy; 96.3% when batched with the benchmark's sentences), short of the 97% target; no "
-                   "single group of linears loses the tokens (per-group numbers: WhisperModel.quantization_layout); "
-                   "strict, so it fails once the target is met")
+@pytest.mark.xfail(strict=True, reason="issue 19, open: free-running int8 token agreement with fp32 is 94.7% on "
+                   "these clips (96.1% with the benchmark's sentences; greedy, 1 - token edit distance / fp32 "
+                   "tokens), short of the 97% target: a flipped near-tie rewrites the rest of a clip; schemes "
+                   "measured: WhisperModel.quantization_layout, docs/benchmarks.md; strict, so it fails once met")
 def test_int8_engine_keeps_the_transcript(tiny_en, beckett, sample_wav, espeak_clips):
     import oasr
 
@@ -173,14 +173,10 @@ def test_int8_engine_keeps_the_transcript(tiny_en, beckett, sample_wav, espeak_c
     assert h.wer(h.BECKETT_TEXT, texts[0]) <= 0.4
     assert sum(h.wer(t, hyp) for (t, _), hyp in zip(espeak_clips, texts[2:], strict=True)) / len(espeak_clips) < 0.5
     assert _token_agreement([o.tokens for o in fp32], [o.tokens for o in outs]) >= 0.97
-    # the measured-sensitive encoder fc2 layers stay fp32; every other linear is int8
-    model = engine.model
-    assert all(layer.fc2._int8 is None and layer.fc1._int8 is not None for layer in model.encoder.layers)
-    assert model.decoder.proj_out._int8 is not None
 
 
 #: an fp32 top-1 lead (logits) above which int8 must pick the same next token: ~6x the measured rms
-#: change int8 makes to that lead on these clips (0.16 with the shipped layout; docs/benchmarks.md)
+#: change int8 makes to that lead on these clips (0.12-0.16 by layout; docs/benchmarks.md)
 INT8_MARGIN_GUARD = 1.0
 
 
@@ -211,6 +207,14 @@ def test_int8_next_token_agrees_with_fp32_teacher_forced(tiny_en_strategy, becke
     fp32 = oasr.Engine(oasr.EngineConfig())
     transcripts = [o.tokens for o in fp32.transcribe_outputs(audio, decoding=untimed)]
     int8 = oasr.Engine(oasr.EngineConfig(quantization="int8"))
+    # the measured-sensitive encoder fc2 layers and the decoder's step linears stay fp32; the encoder's
+    # other linears, the cross-attention k/v and the vocabulary projection are int8
+    model = int8.model
+    assert all(layer.fc2._int8 is None and layer.fc1._int8 is not None for layer in model.encoder.layers)
+    for layer in model.decoder.layers:
+        assert layer.fc1._int8 is None and layer.self_attn.q_proj._int8 is None
+        assert layer.encoder_attn.q_proj._int8 is None and layer.encoder_attn.k_proj._int8 is not None
+    assert model.decoder.proj_out._int8 is not None
     mels = tiny_en_strategy.log_mels([torch.from_numpy(a) for a in audio])
     leads, same = _teacher_forced_next_tokens(fp32.model, int8.model, mels, transcripts,
                                               fp32.model.config.generation)
