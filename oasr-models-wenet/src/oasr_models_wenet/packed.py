@@ -40,6 +40,8 @@ BLOCK_ROWS = 512
 _POST_OPS = {"swish": ("swish", ""), "silu": ("swish", ""), "relu": ("relu", ""), "gelu": ("gelu", "none"),
              "gelu_tanh": ("gelu", "tanh"), "identity": ("none", ""), "none": ("none", "")}
 
+_IN_PLACE = {"swish": F.silu, "silu": F.silu, "relu": F.relu}
+
 _packs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -93,6 +95,8 @@ def linear(module: nn.Module, x: torch.Tensor, activation: str = "none", *, scal
     y = _reference(module, x)
     if scale != 1.0:
         y = y * scale
+    if activation in _IN_PLACE and not torch.is_grad_enabled():  # y is this call's own fresh output
+        return _IN_PLACE[activation](y, inplace=True)
     return activation_fn(activation)(y) if activation not in ("none", "identity") else y
 
 
@@ -102,6 +106,8 @@ def linear_add(module: nn.Module, x: torch.Tensor, residual: torch.Tensor, *, sc
         weight, bias = _packed((module,), scale)
         return torch.ops.mkldnn._linear_pointwise.binary(x, residual.contiguous(), weight, bias, "add")
     y = _reference(module, x)
+    if not torch.is_grad_enabled() and y.shape == residual.shape and y.dtype == residual.dtype:
+        return (y.mul_(scale) if scale != 1.0 else y).add_(residual)  # in place in this call's own output
     return residual + (y * scale if scale != 1.0 else y)
 
 
