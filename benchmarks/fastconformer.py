@@ -1,4 +1,4 @@
-"""Parakeet CTC / TDT offline throughput: OASR vs transformers vs sherpa-onnx on NeMo's ONNX export, one process.
+"""Parakeet CTC / TDT offline (OASR vs transformers vs sherpa-onnx on NeMo's ONNX export) and Nemotron streaming.
 
 NeMo itself (its own venv, ``.cache/nemo-venv``, through ``benchmarks/fastconformer_nemo.py``) builds a random
 FastConformer of parakeet-ctc-110m's dimensions (17 × 512, 8 heads, FF 2048, depthwise kernel 9, 8× subsampling
@@ -22,7 +22,11 @@ real-time factor and each peer's time over OASR's per mode, the share of clips w
 peer (the check that all three hold the same weights), and the machine.  ``--work DIR`` keeps NeMo's models
 between runs (built once, about 1.5 min each).  Needs ``onnx`` in the NeMo venv
 (``.cache/nemo-venv/bin/pip install onnx``) and ``sherpa-onnx`` in this one (``pip install sherpa-onnx``).
-Usage: ``python benchmarks/fastconformer.py [--model ctc,tdt] [--clips 20] [--batch 8] [--repeats 2]``.
+``--model streaming``: a random ``nemotron_asr_streaming`` of the same encoder dimensions (built by transformers;
+left context 70 frames, 560 ms chunks): OASR's streaming engine over ``--streams`` concurrent streams fed 560 ms
+at a time vs transformers' cache-aware encoder chunk by chunk (encoder only); streams per core printed.
+Usage: ``python benchmarks/fastconformer.py [--model ctc,tdt,streaming] [--clips 20] [--batch 8] [--repeats 2]
+[--streams 8] [--work DIR]``.
 """
 
 from __future__ import annotations
