@@ -48,6 +48,7 @@ transcripts.
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from typing import Any, ClassVar
@@ -64,6 +65,8 @@ from oasr_models_hf.fastconformer.config import (
     ParakeetTdtConfig,
 )
 from oasr_models_hf.fastconformer.nemo import NEMO_SUFFIX, NemoArchive, open_archive
+
+logger = logging.getLogger(__name__)
 
 #: NeMo key pattern → the Hugging Face Parakeet name (applied in order; the first match renames)
 _ENCODER_RENAMES = (
@@ -406,10 +409,13 @@ def tdt_fields(path: Path, config: dict[str, Any]) -> dict[str, Any]:
 def tdt_decoding_defaults(path: Path, config: dict[str, Any], defaults: DecodingDefaults) -> DecodingDefaults:
     """Greedy, or NeMo's TDT beam search when the archive's ``decoding.strategy`` is ``beam`` or ``maes``
     (its ``beam.beam_size``, default 4; mAES with NeMo's default settings); other strategies
-    (``malsd_batch``, ...) decode greedily."""
+    (``malsd_batch``, ...) decode greedily, with a warning naming the strategy."""
     decoding = config.get("decoding") or {}
     strategy = decoding.get("strategy")
     if strategy not in ("beam", "maes"):
+        if strategy not in (None, "greedy", "greedy_batch"):
+            logger.warning("%s: decoding.strategy %r is not implemented for TDT; decoding greedily (beam_size > 1 "
+                           "or search='maes' selects NeMo's beam searches)", path, strategy)
         return defaults
     beam = decoding.get("beam") or {}
     fixed = [("score_norm", True), ("softmax_temperature", 1.0)]
