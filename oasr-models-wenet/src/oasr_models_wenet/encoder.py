@@ -33,10 +33,10 @@ from torch.nn.utils.rnn import pad_sequence
 
 from oasr import layers
 from oasr.errors import CapabilityError
+from oasr.layers import packed
 from oasr.layers.attention import key_padding_mask, merge_heads, split_heads
 from oasr.models import BaseEncoder, CacheSpec, StreamingGeometry
 from oasr.models.streaming import KV, ChunkOutput
-from oasr_models_wenet import packed
 from oasr_models_wenet.config import SUBSAMPLING, ConformerEncoderConfig
 
 #: rows of WeNet's positional table built at construction; it grows on demand past this

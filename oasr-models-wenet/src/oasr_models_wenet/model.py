@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from oasr import layers
+from oasr.layers import packed
 from oasr.models import BaseAsrModel, CacheSpec
 from oasr.models.specs import QuantLayout
-from oasr_models_wenet import packed
 from oasr_models_wenet.config import ConformerModelConfig
 from oasr_models_wenet.decoder import BiTransformerDecoder
 from oasr_models_wenet.encoder import KV, ChunkOutput, ConformerEncoder

@@ -11,8 +11,8 @@ import attrs
 import pytest
 import torch
 
+from oasr.layers import packed
 from oasr.layers.quant import quantize_model_int8
-from oasr_models_wenet import packed
 from oasr_models_wenet.config import ConformerEncoderConfig, ConformerModelConfig
 from oasr_models_wenet.model import ConformerModel
 

@@ -19,7 +19,7 @@ Hugging Face state dict loads 1:1.  The forward map:
 
 On CPU fp32 inference every GEMM of the encoder (feed-forwards, attention and position projections,
 pointwise convolutions, the subsampling's ``linear``), offline and streaming, runs through oneDNN's kernel
-over a weight prepacked once (the op torch's own CPU compiler emits), the feed-forward's SiLU as its epilogue:
+over a weight prepacked once (core's :mod:`oasr.layers.packed`), the feed-forward's SiLU as its epilogue:
 :func:`pack_gemms` gives the encoder's waist ``Linear`` / ``LinearActivation`` / ``PointwiseConv1d`` layers
 that forward (same parameters and state-dict keys; the same products as ``F.linear`` up to float32 summation
 order).  The packed copies cost a second copy of those weights in memory.
@@ -45,6 +45,7 @@ from oasr.layers import (
     Swish,
     attend,
     merge_heads,
+    packed,
 )
 from oasr.models.base import BaseEncoder
 from oasr_models_hf.fastconformer.config import FastConformerConfig
@@ -54,38 +55,14 @@ _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 POSITION_BASE = 10000.0
 
 
-def _onednn_linear_ops():
-    if not torch.backends.mkldnn.is_available():
-        return None
-    try:
-        return torch.ops.mkldnn._reorder_linear_weight, torch.ops.mkldnn._linear_pointwise
-    except (AttributeError, RuntimeError):  # a torch build without oneDNN's linear ops
-        return None
-
-
-_ONEDNN_LINEAR = _onednn_linear_ops()
-#: a LinearActivation's activation → oneDNN's name for it as a GEMM epilogue
-_EPILOGUES = {"silu": "swish", "swish": "swish", "relu": "relu"}
-
-
 def packed_gemm(layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
-    """``layer(x)`` through oneDNN's prepacked fp32 GEMM (a LinearActivation's activation fused), or None
-    where it does not apply (grad enabled, not CPU float32, an int8 layer, an activation oneDNN lacks).
-
-    The packed weight is kept beside the module (never in its state dict) and rebuilt when the weight's
-    storage or version changes (``.to()``, ``load_state_dict``, an in-place update)."""
-    weight = layer.weight
-    activation = _EPILOGUES.get(layer.activation) if isinstance(layer, LinearActivation) else "none"
-    if (_ONEDNN_LINEAR is None or activation is None or torch.is_grad_enabled() or x.device.type != "cpu"
-            or x.dtype != torch.float32 or weight.dtype != torch.float32 or getattr(layer, "_int8", None) is not None):
+    """``layer(x)`` through core's prepacked oneDNN GEMM (:mod:`oasr.layers.packed`; a LinearActivation's
+    activation fused, over bounded row blocks), or None where that path does not apply (grad enabled, not CPU
+    float32, an int8 layer, fewer rows than ``packed.MIN_ROWS``, ``OASR_KERNELS=0``)."""
+    if not packed.fusable((layer,), x):
         return None
-    reorder, linear = _ONEDNN_LINEAR
-    key = (weight.data_ptr(), weight._version)
-    cached = layer.__dict__.get("_onednn_packed")
-    if cached is None or cached[0] != key:
-        cached = (key, reorder(weight.detach().reshape(weight.shape[0], -1), None))
-        layer.__dict__["_onednn_packed"] = cached
-    return linear(x.contiguous(), cached[1], layer.bias, activation, [], "")
+    activation = layer.activation if isinstance(layer, LinearActivation) else "none"
+    return packed.blocked(lambda rows: packed.linear(layer, rows, activation), x)
 
 
 class _PackedGemm:
@@ -113,9 +90,9 @@ def pack_gemms(module: nn.Module) -> None:
     """Give every plain waist GEMM layer under ``module`` the prepacked forward (its class becomes the packed
     subclass: no parameter, buffer or key changes)."""
     for child in module.modules():
-        packed = _PACKED.get(type(child))
-        if packed is not None:
-            child.__class__ = packed
+        cls = _PACKED.get(type(child))
+        if cls is not None:
+            child.__class__ = cls
 
 
 def zero_beyond(x: torch.Tensor, lengths: torch.Tensor | None, axis: int) -> torch.Tensor:

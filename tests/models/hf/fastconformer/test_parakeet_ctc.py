@@ -237,6 +237,8 @@ def test_padded_frames_are_zeroed_in_the_subsampling_and_before_the_depthwise_co
                 worst = max(worst, float((batched[b, :n] - alone[0]).abs().max() / alone.abs().max()))
         return worst
 
-    assert gap() < 1e-5
+    # float32 summation-order noise only: a batch's GEMMs take the packed oneDNN kernel, a short row alone may take
+    # MKL's (fewer rows than oasr.layers.packed.MIN_ROWS); the encoder tolerance is 1e-4
+    assert gap() < 1e-4
     monkeypatch.setattr(enc, "zero_beyond", lambda x, lengths, axis: x)
     assert gap() > 1e-3

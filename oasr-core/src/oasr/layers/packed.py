@@ -1,13 +1,14 @@
-"""oneDNN-prepacked fp32 GEMMs for the Conformer's linears on CPU, with their epilogues fused.
+"""oneDNN-prepacked fp32 GEMMs for the waist's linears on CPU inference, with their epilogues fused.
 
 ``torch.nn.functional.linear`` runs MKL's sgemm on the plain ``(out, in)`` weight and leaves the
-activation, the residual add and the macaron ``½`` scale to separate passes over the output.  Here a
-linear's weight is reordered once into oneDNN's blocked layout (``mkldnn._reorder_linear_weight``) and
-run by ``mkldnn._linear_pointwise``, whose epilogue applies the bias, the activation (SiLU/ReLU/GELU)
-or a residual add in the same pass.  A constant scale (the macaron ``½``, the subsampling's ``√d``) is
-folded into the packed copy.  Measured at one thread on the benchmark's shapes (AVX-512): 92–102
+activation, the residual add and a constant scale (a Conformer's macaron ``½``) to separate passes over
+the output.  Here a linear's weight is reordered once into oneDNN's blocked layout
+(``mkldnn._reorder_linear_weight``) and run by ``mkldnn._linear_pointwise``, whose epilogue applies the bias, the activation (SiLU/ReLU/GELU)
+or a residual add in the same pass.  A constant scale (the macaron ``½``, a subsampling's ``√d``) is
+folded into the packed copy.  Measured at one thread on the WeNet Conformer's shapes (AVX-512): 92–102
 GFLOP/s instead of 60–76 for the FFN GEMMs, the FFN with its SiLU 1.3–1.5x faster
-(``benchmarks/wenet.py``, docs/benchmarks.md § WeNet).
+(``benchmarks/wenet.py``, docs/benchmarks.md § WeNet); the FastConformer encoders take the same path
+(``benchmarks/fastconformer.py``).  The packed copies cost a second copy of those weights in memory.
 
 The packed copy is derived data, never a parameter: it is kept beside the module (weakly), keyed by
 the weight's storage and version counter, so ``load_state_dict``, ``.to()`` or an in-place edit of the
@@ -26,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from oasr.layers import Linear
 from oasr.layers._backend import kernels_enabled
 from oasr.layers.activation import activation_fn
+from oasr.layers.linear import Linear
 
 #: fewer rows than this take the reference path (skinny GEMMs gain least and stream the weights cold)
 MIN_ROWS = 64
