@@ -1,4 +1,4 @@
-"""The oneDNN-prepacked GEMM path of the Conformer (oasr_models_wenet.packed) against the reference ops.
+"""The oneDNN-prepacked GEMM path of the Conformer (oasr.layers.packed) against the reference ops.
 
 The packed path must compute what the plain torch ops compute up to float rounding, must actually be
 taken where it applies (CPU fp32 inference), must follow weight changes, must stay off under autograd
