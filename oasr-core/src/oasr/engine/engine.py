@@ -32,6 +32,7 @@ from oasr.decoding.strategy import DecodeBatch, DecodeContext, DecodeStrategy
 from oasr.decoding.types import Hypothesis, Segment
 from oasr.engine.config import EngineConfig
 from oasr.engine.device import engine_device
+from oasr.engine.malloc import tune_allocator
 from oasr.engine.metrics import EngineMetrics
 from oasr.engine.options import DecodingOptions, RequestOutput
 from oasr.engine.outputs import OutputCallback, build_output, deliver
@@ -91,6 +92,7 @@ class Engine:
         elif overrides:
             config = attrs.evolve(config, **overrides)
         self.config = config
+        tune_allocator()  # process-wide glibc malloc thresholds (OASR_MALLOC_TUNING=0 opts out)
         self.device, _ = engine_device(config.device, config.dtype)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
