@@ -373,10 +373,11 @@ def test_tdt_greedy_advances_by_the_argmax_duration():
 
 def oracle_tdt(pred, joiner, hidden, durations, max_sym, blank=0):
     """NeMo's TDT greedy for one utterance, as a plain loop: token argmax and duration argmax per joint;
-    a blank's duration 0 counts as 1; the max_sym-th label at one frame forces a step of 1."""
+    a blank's duration 0 counts as 1; the max_sym-th label at one frame forces a step of 1.  Also returns
+    every decision's (token log-probability, emitted) in order, blanks included."""
     window = [-1, blank]
     dec = pred.decoder_out(torch.tensor([window]))
-    tokens, frames, gap = [], [], math.inf
+    tokens, frames, gap, decisions = [], [], math.inf, []
     t, sym, vocab = 0, 0, joiner.out.out_features - len(durations)
     while t < hidden.shape[0]:
         logits = joiner.logits(hidden[t], dec)
@@ -384,6 +385,7 @@ def oracle_tdt(pred, joiner, hidden, durations, max_sym, blank=0):
             top = torch.topk(part, 2).values
             gap = min(gap, float(top[0] - top[1]))
         y, d = int(logits[:vocab].argmax()), durations[int(logits[vocab:].argmax())]
+        decisions.append((float(logits[:vocab].float().log_softmax(-1)[y]), y != blank))
         if y == blank:
             t, sym = t + max(d, 1), 0
             continue
@@ -396,7 +398,7 @@ def oracle_tdt(pred, joiner, hidden, durations, max_sym, blank=0):
             d = 1
         if d > 0:
             t, sym = t + d, 0
-    return tokens, frames, gap
+    return tokens, frames, gap, decisions
 
 
 @pytest.mark.parametrize("max_symbols", [1, 2])
@@ -410,7 +412,7 @@ def test_tdt_greedy_equals_a_plain_nemo_style_loop_and_batched_equals_alone(max_
         enc = joiner.project_encoder(hidden)
         batched = transducer_greedy_search(pred, joiner, enc, lengths, blank_id=0, max_symbols=max_symbols)
         for b, n in enumerate(lengths):
-            tokens, frames, gap = oracle_tdt(pred, joiner, hidden[b, :n], durations, max_symbols)
+            tokens, frames, gap, _ = oracle_tdt(pred, joiner, hidden[b, :n], durations, max_symbols)
             assert gap > 1e-6
             assert batched[b].tokens == tokens and batched[b].token_frames == frames
             alone = transducer_greedy_search(pred, joiner, enc[b:b + 1, :n], [n], blank_id=0, max_symbols=max_symbols)
@@ -420,6 +422,27 @@ def test_tdt_greedy_equals_a_plain_nemo_style_loop_and_batched_equals_alone(max_
     repeats = sum(len(h.token_frames) - len(set(h.token_frames)) for h in batched)
     assert (repeats > 0) == (max_symbols > 1)  # duration 0 keeps the frame, up to max_symbols labels
 
+
+
+def test_tdt_greedy_score_and_confidences_are_the_chosen_log_probs_blanks_included():
+    # scores and confidences read back from the one host transfer per decision, against the plain loop
+    durations, lengths = (0, 1, 2, 3), [40, 25, 33, 3]
+    pred, joiner = toy(seed=8, durations=durations, blank_bias=-1.0)
+    with torch.no_grad():
+        joiner.out.weight.mul_(0.3)
+    hidden = frames_of(8, len(lengths), max(lengths))
+    with torch.no_grad():
+        enc = joiner.project_encoder(hidden)
+        batched = transducer_greedy_search(pred, joiner, enc, lengths, blank_id=0, max_symbols=2)
+        blanks = 0
+        for b, n in enumerate(lengths):
+            tokens, _, gap, decisions = oracle_tdt(pred, joiner, hidden[b, :n], durations, 2)
+            assert gap > 1e-6 and batched[b].tokens == tokens
+            assert batched[b].score == pytest.approx(math.fsum(lp for lp, _ in decisions), abs=1e-6)
+            assert batched[b].token_confidences == pytest.approx([math.exp(lp) for lp, e in decisions if e],
+                                                                 rel=1e-6)
+            blanks += sum(not e for _, e in decisions)
+    assert blanks >= 10  # blank decisions count in the score
 
 # -- streaming ------------------------------------------------------------------------------------------
 SPLITS = [[1] * 13, [3, 3, 3, 3, 1], [5, 8], [2, 7, 1, 3]]

@@ -80,7 +80,12 @@ def label_window_width(predictor: Any, state: Any) -> int:
 
 # -- greedy -------------------------------------------------------------------------------------------
 class GreedyRows:
-    """Greedy search state of ``batch`` rows; :meth:`run` consumes frames, :meth:`hypothesis` reads a row."""
+    """Greedy search state of ``batch`` rows; :meth:`run` consumes frames, :meth:`hypothesis` reads a row.
+
+    Each decision is one joint over the rows still active (in row order) and one host transfer of
+    their labels, duration indices and log-probabilities; the per-row frame indices, symbol counts and
+    results are plain Python numbers, so a decision allocates no bookkeeping tensors.
+    """
 
     def __init__(self, predictor: Any, joiner: Any, batch: int, device: torch.device | str, *, blank_id: int,
                  unk_id: int | None = None, max_symbols: int = 1):
@@ -94,12 +99,13 @@ class GreedyRows:
         self.unk = self.blank if unk_id is None else int(unk_id)
         self.max_symbols = int(max_symbols)
         self.durations = tuple(int(d) for d in getattr(joiner, "durations", ()) or ())
-        self._dur_values = torch.tensor(self.durations or (0,), dtype=torch.long)
         self.state = predictor.init_state(batch, self.device)
-        self.pred_proj = joiner.project_predictor(predictor.predict(self.state))
+        #: (batch, J) the projected predictor output of every row; written in place after emissions
+        self.pred_proj = joiner.project_predictor(predictor.predict(self.state)).clone()
         #: per row: the next frame to read, relative to the frames of the next ``run``
-        self.time = torch.zeros(batch, dtype=torch.long)
-        self.symbols = torch.zeros(batch, dtype=torch.long)
+        self.time = [0] * batch
+        #: per row: labels emitted at its current frame
+        self.symbols = [0] * batch
         #: per row: global index of the first frame of the next ``run``
         self.offset = [0] * batch
         self.tokens: list[list[int]] = [[] for _ in range(batch)]
@@ -111,57 +117,73 @@ class GreedyRows:
         """Consume row ``b``'s frames ``enc_proj[b, :lengths[b]]`` ((B, T, J), projected).  A TDT step
         past a row's last frame carries over into the next ``run``."""
         _check_enc(enc_proj)
-        lens = torch.tensor(_row_lengths(lengths, enc_proj.shape[0], enc_proj.shape[1]), dtype=torch.long)
+        lens = _row_lengths(lengths, enc_proj.shape[0], enc_proj.shape[1])
+        batch = len(self.time)
+        every = torch.arange(batch, device=enc_proj.device)
         while True:
-            active = torch.nonzero(self.time < lens).flatten()
-            if active.numel() == 0:
+            active = [b for b in range(batch) if self.time[b] < lens[b]]
+            if not active:
                 break
-            self._step(enc_proj, active)
-        for b in range(len(self.offset)):
-            consumed = int(lens[b])
-            self.offset[b] += consumed
-            self.time[b] -= consumed
+            self._step(enc_proj, active, every if len(active) == batch else None)
+        for b in range(batch):
+            self.offset[b] += lens[b]
+            self.time[b] -= lens[b]
 
-    def _step(self, enc_proj: torch.Tensor, active: torch.Tensor) -> None:
-        rows_dev = active.to(self.device)
-        enc = enc_proj[rows_dev, self.time[active].to(self.device)]
-        logits = self.joiner.joint(enc, self.pred_proj[rows_dev]).float()
+    def _step(self, enc_proj: torch.Tensor, active: list[int], every: torch.Tensor | None) -> None:
+        times = torch.tensor([self.time[b] for b in active], dtype=torch.long, device=enc_proj.device)
+        if every is not None:  # all rows: no row gather
+            enc, pred = enc_proj[every, times], self.pred_proj
+        else:
+            rows_enc = torch.tensor(active, dtype=torch.long, device=enc_proj.device)
+            rows_dev = rows_enc if enc_proj.device == self.device else rows_enc.to(self.device)
+            enc, pred = enc_proj[rows_enc, times], self.pred_proj[rows_dev]
+        logits = self.joiner.joint(enc, pred).float()
         vocab = logits.shape[-1] - len(self.durations)
         token_logits = logits[:, :vocab]
         labels = token_logits.argmax(-1)
         label_lp = token_logits.log_softmax(-1).gather(-1, labels[:, None])[:, 0]
-        labels_h = labels.cpu()
-        emit = (labels_h != self.blank) & (labels_h != self.unk)
+        picks = [labels.double(), label_lp.double()]  # float64 holds the int ids and the float32 lps exactly
         if self.durations:
-            steps = self._dur_values[logits[:, vocab:].argmax(-1).cpu()]
-            steps = torch.where(~emit & (steps == 0), torch.ones_like(steps), steps)
-        else:
-            steps = (~emit).long()
-        symbols = self.symbols[active] + emit.long()
-        steps = torch.where(emit & (steps == 0) & (symbols >= self.max_symbols), torch.ones_like(steps), steps)
-        time_before = self.time[active].clone()
-        self.time[active] += steps
-        self.symbols[active] = torch.where(steps > 0, torch.zeros_like(symbols), symbols)
-        lp = label_lp.cpu().tolist()
-        for i, (row, label, emitted) in enumerate(zip(active.tolist(), labels_h.tolist(), emit.tolist(), strict=True)):
-            self.scores[row] += lp[i]
-            if emitted:
+            picks.append(logits[:, vocab:].argmax(-1).double())
+        host = torch.stack(picks).cpu().tolist()  # one transfer per decision
+        emitted_rows: list[int] = []
+        emitted_labels: list[int] = []
+        for i, row in enumerate(active):
+            label, lp = int(host[0][i]), host[1][i]
+            emit = label != self.blank and label != self.unk
+            step = self.durations[int(host[2][i])] if self.durations else int(not emit)
+            if not emit and step == 0:
+                step = 1
+            symbols = self.symbols[row] + emit
+            if emit and step == 0 and symbols >= self.max_symbols:
+                step = 1
+            self.scores[row] += lp
+            if emit:
                 self.tokens[row].append(label)
-                self.frames[row].append(self.offset[row] + int(time_before[i]))
-                self.token_log_probs[row].append(lp[i])
-        if bool(emit.any()):
-            self._advance(active[emit], labels_h[emit])
+                self.frames[row].append(self.offset[row] + self.time[row])
+                self.token_log_probs[row].append(lp)
+                emitted_rows.append(row)
+                emitted_labels.append(label)
+            self.time[row] += step
+            self.symbols[row] = 0 if step > 0 else symbols
+        if emitted_rows:
+            self._advance(emitted_rows, emitted_labels)
 
-    def _advance(self, rows: torch.Tensor, labels: torch.Tensor) -> None:
-        batch = self.time.shape[0]
-        tokens = torch.full((batch,), self.blank, dtype=torch.long)
-        mask = torch.zeros(batch, dtype=torch.bool)
-        tokens[rows] = labels
-        mask[rows] = True
-        self.state = self.predictor.advance(self.state, tokens.to(self.device), mask.to(self.device))
-        rows_dev = rows.to(self.device)
+    def _advance(self, rows: list[int], labels: list[int]) -> None:
+        batch = len(self.time)
+        tokens = [self.blank] * batch
+        mask = [False] * batch
+        for row, label in zip(rows, labels, strict=True):
+            tokens[row] = label
+            mask[row] = True
+        self.state = self.predictor.advance(self.state, torch.tensor(tokens, dtype=torch.long, device=self.device),
+                                            torch.tensor(mask, dtype=torch.bool, device=self.device))
+        if len(rows) == batch:  # every row took a label: no row selection
+            self.pred_proj = self.joiner.project_predictor(self.predictor.predict(self.state)).to(
+                self.pred_proj.dtype).clone()
+            return
+        rows_dev = torch.tensor(rows, dtype=torch.long, device=self.device)
         fresh = self.joiner.project_predictor(self.predictor.predict(self.predictor.select(self.state, rows_dev)))
-        self.pred_proj = self.pred_proj.clone()
         self.pred_proj[rows_dev] = fresh.to(self.pred_proj.dtype)
 
     def hypothesis(self, row: int) -> Hypothesis:
