@@ -130,22 +130,26 @@ class GreedyRows:
             self.time[b] -= lens[b]
 
     def _step(self, enc_proj: torch.Tensor, active: list[int], every: torch.Tensor | None) -> None:
-        times = torch.tensor([self.time[b] for b in active], dtype=torch.long, device=enc_proj.device)
-        if every is not None:  # all rows: no row gather
-            enc, pred = enc_proj[every, times], self.pred_proj
+        if every is not None and len(active) == 1:  # one row: a view of its frame
+            enc, pred = enc_proj[:, self.time[0]], self.pred_proj
+        elif every is not None:  # all rows: no row gather
+            enc, pred = enc_proj[every, self._times(active, enc_proj.device)], self.pred_proj
         else:
             rows_enc = torch.tensor(active, dtype=torch.long, device=enc_proj.device)
             rows_dev = rows_enc if enc_proj.device == self.device else rows_enc.to(self.device)
-            enc, pred = enc_proj[rows_enc, times], self.pred_proj[rows_dev]
+            enc, pred = enc_proj[rows_enc, self._times(active, enc_proj.device)], self.pred_proj[rows_dev]
         logits = self.joiner.joint(enc, pred).float()
         vocab = logits.shape[-1] - len(self.durations)
         token_logits = logits[:, :vocab]
         labels = token_logits.argmax(-1)
         label_lp = token_logits.log_softmax(-1).gather(-1, labels[:, None])[:, 0]
-        picks = [labels.double(), label_lp.double()]  # float64 holds the int ids and the float32 lps exactly
+        picks = [labels, label_lp]
         if self.durations:
-            picks.append(logits[:, vocab:].argmax(-1).double())
-        host = torch.stack(picks).cpu().tolist()  # one transfer per decision
+            picks.append(logits[:, vocab:].argmax(-1))
+        if logits.device.type == "cpu":
+            host = [pick.tolist() for pick in picks]
+        else:  # one transfer per decision; float64 holds the int ids and the float32 lps exactly
+            host = torch.stack([pick.double() for pick in picks]).cpu().tolist()
         emitted_rows: list[int] = []
         emitted_labels: list[int] = []
         for i, row in enumerate(active):
@@ -168,6 +172,9 @@ class GreedyRows:
             self.symbols[row] = 0 if step > 0 else symbols
         if emitted_rows:
             self._advance(emitted_rows, emitted_labels)
+
+    def _times(self, active: list[int], device: torch.device) -> torch.Tensor:
+        return torch.tensor([self.time[b] for b in active], dtype=torch.long, device=device)
 
     def _advance(self, rows: list[int], labels: list[int]) -> None:
         batch = len(self.time)
