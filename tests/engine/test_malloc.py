@@ -27,7 +27,7 @@ def fake(monkeypatch):
     monkeypatch.setattr(malloc, "_applied", None)
     monkeypatch.setattr(malloc, "_mallopt", lambda: libc.mallopt)
     monkeypatch.setattr(malloc, "is_glibc_linux", lambda: True)
-    monkeypatch.delenv(malloc.ENV_VAR, raising=False)
+    monkeypatch.setenv(malloc.ENV_VAR, "1")
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     return libc
 
@@ -41,15 +41,19 @@ def test_mallopt_called_with_the_settings_once_per_process(fake):
     assert len(fake.calls) == 3  # the second call applies nothing again
 
 
-@pytest.mark.parametrize("value", ["0", "false", "off", "No"])
-def test_env_var_opts_out(fake, monkeypatch, value):
-    monkeypatch.setenv(malloc.ENV_VAR, value)
+@pytest.mark.parametrize("value", [None, "0", "false", "off", "No"])
+def test_off_unless_asked(fake, monkeypatch, value):
+    if value is None:
+        monkeypatch.delenv(malloc.ENV_VAR)
+    else:
+        monkeypatch.setenv(malloc.ENV_VAR, value)
     assert malloc.tune_allocator() == {}
     assert fake.calls == []
 
 
-def test_env_var_truthy_keeps_it_on(fake, monkeypatch):
-    monkeypatch.setenv(malloc.ENV_VAR, "1")
+@pytest.mark.parametrize("value", ["1", "true", "ON"])
+def test_env_var_truthy_turns_it_on(fake, monkeypatch, value):
+    monkeypatch.setenv(malloc.ENV_VAR, value)
     assert len(malloc.tune_allocator()) == 3
 
 
