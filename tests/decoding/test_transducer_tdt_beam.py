@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from oasr.decoding import tdt_beam
-from oasr.decoding.tdt_beam import TdtBeamRows, tdt_beam_rows, tdt_beam_search
+from oasr.decoding.tdt_beam import TdtBeamRows
+from oasr.decoding.tdt_search import tdt_beam_rows, tdt_beam_search
 from oasr.errors import ConfigError
 from tests.decoding._tdt_beam_oracle import lstm_joint_spec, nbest_mismatch, run_nemo_tdt_beam
 from tests.decoding._transducer_toys import LstmPredictor, ToyJoiner

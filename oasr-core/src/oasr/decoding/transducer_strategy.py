@@ -181,7 +181,7 @@ class TransducerDecodeStrategy(DecodeStrategy):
 
     def search(self, enc_proj: torch.Tensor, lengths: torch.Tensor, options_list) -> list[Hypothesis]:
         """Search each row of the projected frames by its own options (rows asking the same search run batched)."""
-        from oasr.decoding.tdt_beam import tdt_beam_search
+        from oasr.decoding.tdt_search import tdt_beam_search
         from oasr.decoding.transducer import transducer_greedy_search, transducer_modified_beam_search
 
         results: list[Hypothesis | None] = [None] * len(options_list)
@@ -247,7 +247,8 @@ class TransducerStreamSearch:
     keeps_hidden = False
 
     def __init__(self, strategy: TransducerDecodeStrategy, options):
-        from oasr.decoding.tdt_beam import TdtBeamRows, tdt_beam_rows
+        from oasr.decoding.tdt_beam import TdtBeamRows
+        from oasr.decoding.tdt_search import tdt_beam_rows
         from oasr.decoding.transducer import BeamRows, GreedyRows
 
         self.strategy = strategy

@@ -20,8 +20,8 @@ class LSTM(nn.LSTM):
         super().__init__(input_size, hidden_size, num_layers, bias=bias, batch_first=batch_first,
                          proj_size=proj_size)
 
-    def _single_step(self, x: torch.Tensor) -> bool:
-        return (x.dim() == 3 and x.shape[1] == 1 and self.batch_first and not self.bidirectional
+    def _single_step(self, x: torch.Tensor | nn.utils.rnn.PackedSequence) -> bool:
+        return (isinstance(x, torch.Tensor) and x.dim() == 3 and x.shape[1] == 1 and self.batch_first and not self.bidirectional
                 and self.proj_size == 0 and x.device.type == "cpu" and not torch.is_grad_enabled()
                 and (not self.training or self.dropout == 0))
 

@@ -210,7 +210,7 @@ STRATEGIES = {"beam": "default", "maes": "maes"}
 
 
 def _tdt_nbest(loaded, enc: torch.Tensor, beam: int, search: str = "default") -> list:
-    from oasr.decoding.tdt_beam import tdt_beam_rows
+    from oasr.decoding.tdt_search import tdt_beam_rows
 
     model = loaded.model
     with torch.no_grad():
