@@ -14,6 +14,17 @@ TINYCTC_SRC = PLUGINS / "oasr-tinyctc" / "src"
 TOYFAMILY_SRC = PLUGINS / "oasr-toyfamily" / "src"
 
 
+def nemo_python() -> Path:
+    """NeMo's own venv's python (scripts/test.sh builds it; ``OASR_NEMO_PYTHON`` overrides); a missing one
+    fails the test naming the install line."""
+    python = Path(os.environ.get("OASR_NEMO_PYTHON", REPO / ".cache" / "nemo-venv" / "bin" / "python"))
+    if not python.is_file():
+        raise AssertionError(f"NeMo's venv is missing ({python}): python -m venv .cache/nemo-venv && "
+                             f".cache/nemo-venv/bin/pip install torch==2.13.0 'nemo_toolkit[asr]' "
+                             f"(or set OASR_NEMO_PYTHON)")
+    return python
+
+
 def ensure_tinyctc_importable() -> None:
     """Make the example plugin's source importable in this process (without installing it)."""
     if str(TINYCTC_SRC) not in sys.path:

@@ -11,17 +11,9 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import nemo_python
+
 ORACLE = Path(__file__).with_name("nemo_tdt_beam_oracle.py")
-
-
-def nemo_python() -> Path:
-    python = Path(os.environ.get("OASR_NEMO_PYTHON", REPO / ".cache" / "nemo-venv" / "bin" / "python"))
-    if not python.is_file():
-        raise AssertionError(f"NeMo's venv is missing ({python}): python -m venv .cache/nemo-venv && "
-                             f".cache/nemo-venv/bin/pip install torch==2.13.0 'nemo_toolkit[asr]' "
-                             f"(or set OASR_NEMO_PYTHON)")
-    return python
 
 
 def run_nemo_tdt_beam(specs: dict[str, dict], workdir: Path) -> dict:

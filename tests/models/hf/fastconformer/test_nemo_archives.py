@@ -24,11 +24,11 @@ from oasr.checkpoints.loading import load_pretrained
 from oasr.engine import Engine, EngineConfig
 from oasr.errors import CheckpointFormatError, UnsupportedConfigError
 from oasr.features import FeatureConfig, extract_features_batch
+from tests.helpers import nemo_python
 from tests.models.hf.whisper import _helpers as wh
 
 pytestmark = pytest.mark.reference
 
-REPO = Path(__file__).resolve().parents[4]
 ORACLE = Path(__file__).with_name("nemo_oracle.py")
 SENTENCES = (
     "The quick brown fox jumps over the lazy dog.",
@@ -42,15 +42,6 @@ ARCHITECTURE = {"ctc": "nemo_ctc", "rnnt": "nemo_rnnt", "tdt": "nemo_tdt", "hybr
 CTC, TDT, CACHE_AWARE = ("ctc", "ctc_cache"), ("tdt", "tdt_cache"), ("ctc_cache", "rnnt_cache", "tdt_cache")
 #: log-prob gap below which float32 noise of two implementations could swap a CTC frame's argmax
 MARGIN = 1e-4
-
-
-def nemo_python() -> Path:
-    python = Path(os.environ.get("OASR_NEMO_PYTHON", REPO / ".cache" / "nemo-venv" / "bin" / "python"))
-    if not python.is_file():
-        raise AssertionError(f"NeMo's venv is missing ({python}): python -m venv .cache/nemo-venv && "
-                             f".cache/nemo-venv/bin/pip install torch==2.13.0 'nemo_toolkit[asr]' "
-                             f"(or set OASR_NEMO_PYTHON)")
-    return python
 
 
 def espeak(text: str, out: Path):
