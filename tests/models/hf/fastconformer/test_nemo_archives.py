@@ -275,13 +275,14 @@ def test_tdt_beam_through_the_engine_equals_nemo_transcribe(built, loaded, speec
     assert compared >= len(audios) - 1, "too few clips were clear of near-ties to compare"
 
 
-def _with_decoding(archive: Path, out: Path, **changes) -> Path:
+def _with_section(archive: Path, out: Path, section: str, **changes) -> Path:
+    """A copy of ``archive`` at ``out`` whose model_config.yaml has ``changes`` in its ``section``."""
     import yaml
 
     with tarfile.open(archive) as tar:
         member = next(m for m in tar if m.name.endswith("model_config.yaml"))
         config = yaml.safe_load(tar.extractfile(member).read())
-    changed = dict(config, decoding=dict(config["decoding"], **changes))
+    changed = dict(config, **{section: dict(config[section], **changes)})
     return _repacked(archive, out, {"model_config.yaml": yaml.safe_dump(changed).encode()})
 
 
@@ -291,7 +292,7 @@ def test_a_tdt_archive_decoding_with_beam_makes_the_beam_search_the_default(buil
     kind, archive, _ = built
     if kind != "tdt":
         return  # the TDT archive's decoding section (checked when kind == "tdt")
-    beam = load_pretrained(_with_decoding(archive, tmp_path / "beam.nemo", strategy="beam",
+    beam = load_pretrained(_with_section(archive, tmp_path / "beam.nemo", "decoding", strategy="beam",
                                           beam={"beam_size": 3, "return_best_hypothesis": True}))
     assert beam.decoding_defaults.options["search"] == "modified_beam"
     assert beam.decoding_defaults.options["beam_size"] == 3
@@ -301,13 +302,13 @@ def test_a_tdt_archive_decoding_with_beam_makes_the_beam_search_the_default(buil
         audios, decoding=DecodingOptions(beam_size=3))
     greedy = Engine(EngineConfig(max_batch_size=1), loaded=load_pretrained(archive)).transcribe_outputs(audios)
     assert [o.tokens for o in default] == [o.tokens for o in asked] != [o.tokens for o in greedy]
-    maes = load_pretrained(_with_decoding(archive, tmp_path / "maes.nemo", strategy="maes", beam={"beam_size": 2}))
+    maes = load_pretrained(_with_section(archive, tmp_path / "maes.nemo", "decoding", strategy="maes", beam={"beam_size": 2}))
     assert (maes.decoding_defaults.options["search"], maes.decoding_defaults.options["beam_size"]) == ("maes", 2)
     with pytest.raises(UnsupportedConfigError, match="decoding.beam.maes_num_steps=3"):
-        load_pretrained(_with_decoding(archive, tmp_path / "steps.nemo", strategy="maes",
+        load_pretrained(_with_section(archive, tmp_path / "steps.nemo", "decoding", strategy="maes",
                                        beam={"beam_size": 2, "maes_num_steps": 3}))
     with pytest.raises(UnsupportedConfigError, match="decoding.beam.score_norm=False"):
-        load_pretrained(_with_decoding(archive, tmp_path / "norm.nemo", strategy="beam",
+        load_pretrained(_with_section(archive, tmp_path / "norm.nemo", "decoding", strategy="beam",
                                        beam={"beam_size": 4, "score_norm": False}))
 
 
@@ -398,16 +399,6 @@ def test_weights_needing_arbitrary_unpickling_are_refused(built, tmp_path):
         load_pretrained(bad)
 
 
-def _with_encoder(archive: Path, out: Path, **changes) -> Path:
-    import yaml
-
-    with tarfile.open(archive) as tar:
-        member = next(m for m in tar if m.name.endswith("model_config.yaml"))
-        config = yaml.safe_load(tar.extractfile(member).read())
-    changed = dict(config, encoder=dict(config["encoder"], **changes))
-    return _repacked(archive, out, {"model_config.yaml": yaml.safe_dump(changed).encode()})
-
-
 def test_what_the_encoders_do_not_compute_is_refused_by_name(built, tmp_path):
     kind, archive, _ = built
     if kind == "ctc":  # a limited context or causal subsampling makes it cache-aware: then every rule must hold
@@ -424,7 +415,7 @@ def test_what_the_encoders_do_not_compute_is_refused_by_name(built, tmp_path):
     else:
         return  # the same rules; checked on the ctc, rnnt and rnnt_cache archives
     for key, value in cases:
-        bad = _with_encoder(archive, tmp_path / f"{key}.nemo", **{key: value})
+        bad = _with_section(archive, tmp_path / f"{key}.nemo", "encoder", **{key: value})
         with pytest.raises(UnsupportedConfigError, match=f"encoder.{expected[key]}="):
             load_pretrained(bad)
 
