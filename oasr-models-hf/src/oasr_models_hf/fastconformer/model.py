@@ -9,11 +9,8 @@ kernel-size-1 ``Conv1d`` upstream (weight (V, D, 1)) and a :class:`~oasr.layers.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import torch
 
-from oasr.layers import CtcProjection, Linear
 from oasr.models.base import BaseAsrModel
 from oasr.models.specs import QuantLayout, SmoothGroup
 from oasr_models_hf.fastconformer.config import (
@@ -23,14 +20,7 @@ from oasr_models_hf.fastconformer.config import (
     ParakeetTdtConfig,
 )
 from oasr_models_hf.fastconformer.encoder import FastConformerEncoder
-from oasr_models_hf.fastconformer.predictor import LstmTransducerHeads
-
-
-def squeeze_k1(state: dict[str, torch.Tensor], key: str) -> None:
-    """A kernel-size-1 ``Conv1d`` weight (O, I, 1) becomes the (O, I) weight of a linear, in place."""
-    weight = state.get(key)
-    if weight is not None and weight.dim() == 3 and weight.shape[-1] == 1:
-        state[key] = weight[..., 0]
+from oasr_models_hf.fastconformer.predictor import CtcHead, LstmTransducerHeads
 
 
 class FastConformerModel(BaseAsrModel):
@@ -66,31 +56,14 @@ class FastConformerModel(BaseAsrModel):
                 f"n_mels={c.num_mel_bins}, subsampling={c.subsampling_factor}")
 
 
-class ParakeetCtcModel(FastConformerModel):
+class ParakeetCtcModel(CtcHead, FastConformerModel):
     """Parakeet CTC: the FastConformer encoder and its CTC head, decoded by the core ``ctc`` family."""
 
     config_class = ParakeetCtcConfig
 
     def __init__(self, config: ParakeetCtcConfig):
         super().__init__(config)
-        self.ctc_head = CtcProjection(config.hidden_size, config.vocab_size)
-
-    @property
-    def capabilities(self) -> frozenset[str]:
-        return frozenset({"ctc"})
-
-    def remap_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        out = dict(super().remap_state_dict(state_dict))
-        squeeze_k1(out, "ctc_head.weight")
-        return out
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The CTC head's raw logits (what transformers' ``ParakeetForCTC`` returns)."""
-        return Linear.forward(self.ctc_head, hidden)
-
-    def forward_offline(self, feats: torch.Tensor, feat_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden, lengths = self.encoder(feats, feat_lens)
-        return self.ctc_head(hidden), lengths
+        self._build_ctc_head(config)
 
 
 class ParakeetRnntModel(LstmTransducerHeads, FastConformerModel):

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from oasr.errors import ConfigError, RequestError
-from oasr.layers import CtcProjection, Linear, Relu
+from oasr.layers import Linear, Relu
 from oasr.models.base import BaseAsrModel
 from oasr.models.specs import DecodingDefaults, FeatureSpec
 from oasr_models_hf.fastconformer.config import ParakeetCtcConfig, ParakeetRnntConfig
@@ -40,9 +40,9 @@ from oasr_models_hf.fastconformer.convert import (
     feature_extractor_settings,
     nemo_feature_spec,
 )
-from oasr_models_hf.fastconformer.model import FastConformerModel, squeeze_k1
+from oasr_models_hf.fastconformer.model import FastConformerModel
 from oasr_models_hf.fastconformer.nemotron_encoder import NemotronEncoder
-from oasr_models_hf.fastconformer.predictor import LstmTransducerHeads
+from oasr_models_hf.fastconformer.predictor import CtcHead, LstmTransducerHeads
 from oasr_models_hf.lasr.convert import read_json
 
 
@@ -173,7 +173,7 @@ class NemotronCtcConfig(ParakeetCtcConfig):
                               key="num_lookahead_tokens")
 
 
-class NemotronCtcStreamingModel(BaseAsrModel):
+class NemotronCtcStreamingModel(CtcHead, BaseAsrModel):
     """The cache-aware encoder and a CTC head (``ctc_head``), decoded by the core ``ctc`` family offline and
     streaming."""
 
@@ -183,26 +183,10 @@ class NemotronCtcStreamingModel(BaseAsrModel):
     def __init__(self, config: NemotronCtcConfig):
         super().__init__(config)
         self.encoder = NemotronEncoder(config)
-        self.ctc_head = CtcProjection(config.hidden_size, config.vocab_size)
-
-    @property
-    def capabilities(self) -> frozenset[str]:
-        return frozenset({"ctc"})
-
-    def remap_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        out = dict(super().remap_state_dict(state_dict))
-        squeeze_k1(out, "ctc_head.weight")
-        return out
+        self._build_ctc_head(config)
 
     def encode_offline(self, feats: torch.Tensor, feat_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.encoder(feats, feat_lens)
-
-    def ctc_log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.ctc_head(hidden)
-
-    def forward_offline(self, feats: torch.Tensor, feat_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden, lengths = self.encode_offline(feats, feat_lens)
-        return self.ctc_head(hidden), lengths
 
     quantization_layout = FastConformerModel.quantization_layout
 

@@ -10,14 +10,19 @@
 - :class:`AdditiveJoint` (``joint.*``): ``head(act(encoder_projector(h) + decoder_projector(p)))``; the two
   projections are applied once per frame and once per predictor state.  A TDT joint's ``head`` has
   ``len(durations)`` extra outputs, the duration logits.
+
+Two model mixins put these heads (or a CTC head) on an encoder: :class:`LstmTransducerHeads` (the
+``transducer`` capability) and :class:`CtcHead` (the ``ctc`` capability).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
-from oasr.layers import LSTM, Embedding, Linear, activation_fn
+from oasr.layers import LSTM, CtcProjection, Embedding, Linear, activation_fn
 from oasr_models_hf.fastconformer.config import ParakeetRnntConfig
 
 State = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -94,9 +99,6 @@ class AdditiveJoint(nn.Module):
         return self.head(self._act(enc_proj + pred_proj))
 
 
-__all__ = ["AdditiveJoint", "LstmPredictor"]
-
-
 class LstmTransducerHeads:
     """The RNN-T heads of transformers' Parakeet / Nemotron models as a model mixin: the LSTM predictor at
     ``decoder``, the additive joint at ``joint`` (``encoder_projector`` / ``decoder.decoder_projector`` are
@@ -121,3 +123,43 @@ class LstmTransducerHeads:
     def joiner(self) -> AdditiveJoint:
         return self.joint
 
+
+
+def squeeze_k1(state: dict[str, torch.Tensor], key: str) -> None:
+    """A kernel-size-1 ``Conv1d`` weight (O, I, 1) becomes the (O, I) weight of a linear, in place."""
+    weight = state.get(key)
+    if weight is not None and weight.dim() == 3 and weight.shape[-1] == 1:
+        state[key] = weight[..., 0]
+
+
+class CtcHead:
+    """A CTC head at ``ctc_head`` as a model mixin (transformers' ``ParakeetForCTC`` / ``LasrForCTC`` layout):
+    upstream a kernel-size-1 ``Conv1d`` (weight (V, D, 1)), here a :class:`~oasr.layers.CtcProjection`
+    (weight (V, D)), decoded by the core ``ctc`` family offline (``forward_offline``) and streaming
+    (``ctc_log_probs``).  The model builds its ``encoder`` first, then calls :meth:`_build_ctc_head`."""
+
+    def _build_ctc_head(self, config) -> None:
+        self.ctc_head = CtcProjection(config.hidden_size, config.vocab_size)
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return frozenset({"ctc"})
+
+    def remap_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = dict(super().remap_state_dict(state_dict))
+        squeeze_k1(out, "ctc_head.weight")
+        return out
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The CTC head's raw logits (what transformers' ``*ForCTC`` models return)."""
+        return Linear.forward(self.ctc_head, hidden)
+
+    def ctc_log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.ctc_head(hidden)
+
+    def forward_offline(self, feats: torch.Tensor, feat_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden, lengths = self.encode_offline(feats, feat_lens)
+        return self.ctc_head(hidden), lengths
+
+
+__all__ = ["AdditiveJoint", "CtcHead", "LstmPredictor", "LstmTransducerHeads", "squeeze_k1"]

@@ -18,15 +18,12 @@ The forward map (seed 003), with the choices that differ from a textbook Conform
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import torch
 from torch import nn
 
 from oasr.layers import (
     BatchNorm1d,
     Conv1d,
-    CtcProjection,
     DepthwiseConv1d,
     FeedForward,
     Glu,
@@ -42,6 +39,7 @@ from oasr.layers import (
 )
 from oasr.models.base import BaseAsrModel, BaseEncoder
 from oasr.models.specs import QuantLayout, SmoothGroup
+from oasr_models_hf.fastconformer.predictor import CtcHead
 from oasr_models_hf.lasr.config import LasrConfig
 
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -160,7 +158,7 @@ class LasrEncoder(BaseEncoder):
         return self.out_norm(x), lengths
 
 
-class LasrForCtcModel(BaseAsrModel):
+class LasrForCtcModel(CtcHead, BaseAsrModel):
     """MedASR: the LASR encoder and its CTC head, decoded by the core ``ctc`` family."""
 
     config_class = LasrConfig
@@ -173,30 +171,10 @@ class LasrForCtcModel(BaseAsrModel):
     def __init__(self, config: LasrConfig):
         super().__init__(config)
         self.encoder = LasrEncoder(config)
-        self.ctc_head = CtcProjection(config.hidden_size, config.vocab_size)
-
-    @property
-    def capabilities(self) -> frozenset[str]:
-        return frozenset({"ctc"})
-
-    def remap_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The upstream k=1 ``Conv1d`` head (V, D, 1) becomes the projection's (V, D) weight."""
-        out = dict(super().remap_state_dict(state_dict))
-        head = out.get("ctc_head.weight")
-        if head is not None and head.dim() == 3 and head.shape[-1] == 1:
-            out["ctc_head.weight"] = head[..., 0]
-        return out
+        self._build_ctc_head(config)
 
     def encode_offline(self, feats: torch.Tensor, feat_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.encoder(feats, feat_lens)
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The CTC head's raw logits (what transformers' ``LasrForCTC`` returns)."""
-        return Linear.forward(self.ctc_head, hidden)
-
-    def forward_offline(self, feats: torch.Tensor, feat_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden, lengths = self.encoder(feats, feat_lens)
-        return self.ctc_head(hidden), lengths
 
     def quantization_layout(self) -> QuantLayout:
         groups = []
