@@ -46,12 +46,12 @@ _IN_PLACE = {"swish": F.silu, "silu": F.silu, "relu": F.relu}
 _packs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _fast(linears: Sequence[nn.Module], x: torch.Tensor) -> bool:
+def _fast(linears: Sequence[nn.Module], x: torch.Tensor, min_rows: int = MIN_ROWS) -> bool:
     if x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() < 2:
         return False
     if torch.is_grad_enabled() or torch.jit.is_tracing() or torch.jit.is_scripting():
         return False
-    if x.numel() // x.size(-1) < MIN_ROWS or not torch.backends.mkldnn.is_available() or not kernels_enabled():
+    if x.numel() // x.size(-1) < min_rows or not torch.backends.mkldnn.is_available() or not kernels_enabled():
         return False
     return all(getattr(lin, "_int8", None) is None and lin.weight.dtype == torch.float32
                and lin.weight.device.type == "cpu" for lin in linears)
@@ -86,10 +86,14 @@ def _packed(linears: Sequence[nn.Module], scale: float) -> tuple[torch.Tensor, t
     return packed, bias
 
 
-def linear(module: nn.Module, x: torch.Tensor, activation: str = "none", *, scale: float = 1.0) -> torch.Tensor:
+def linear(module: nn.Module, x: torch.Tensor, activation: str = "none", *, scale: float = 1.0,
+           min_rows: int = MIN_ROWS) -> torch.Tensor:
     """``activation(scale * module(x))`` for a waist :class:`~oasr.layers.Linear` or ``PointwiseConv1d``
-    (any module whose call on (..., in) is the linear of its ``weight`` (out, in[, 1]) and ``bias``)."""
-    if _fast((module,), x) and activation in _POST_OPS:
+    (any module whose call on (..., in) is the linear of its ``weight`` (out, in[, 1]) and ``bias``).
+
+    ``min_rows`` (here and in the other GEMM helpers) lowers the row count the packed path needs, for
+    callers that keep the number of distinct row counts small themselves (``blocked(few=True)``)."""
+    if _fast((module,), x, min_rows) and activation in _POST_OPS:
         weight, bias = _packed((module,), scale)
         attr, algorithm = _POST_OPS[activation]
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, attr, [], algorithm)
@@ -101,9 +105,10 @@ def linear(module: nn.Module, x: torch.Tensor, activation: str = "none", *, scal
     return activation_fn(activation)(y) if activation not in ("none", "identity") else y
 
 
-def linear_add(module: nn.Module, x: torch.Tensor, residual: torch.Tensor, *, scale: float = 1.0) -> torch.Tensor:
+def linear_add(module: nn.Module, x: torch.Tensor, residual: torch.Tensor, *, scale: float = 1.0,
+               min_rows: int = MIN_ROWS) -> torch.Tensor:
     """``residual + scale * module(x)``: the residual add is the GEMM's epilogue."""
-    if _fast((module,), x) and residual.dtype == torch.float32 and residual.shape[:-1] == x.shape[:-1]:
+    if _fast((module,), x, min_rows) and residual.dtype == torch.float32 and residual.shape[:-1] == x.shape[:-1]:
         weight, bias = _packed((module,), scale)
         return torch.ops.mkldnn._linear_pointwise.binary(x, residual.contiguous(), weight, bias, "add")
     y = _reference(module, x)
@@ -112,17 +117,30 @@ def linear_add(module: nn.Module, x: torch.Tensor, residual: torch.Tensor, *, sc
     return residual + (y * scale if scale != 1.0 else y)
 
 
-def linear_group(modules: Sequence[nn.Module], x: torch.Tensor) -> torch.Tensor:
+def linear_group(modules: Sequence[nn.Module], x: torch.Tensor, *, min_rows: int = MIN_ROWS) -> torch.Tensor:
     """``cat([m(x) for m in modules], -1)`` as one GEMM over the concatenated weights (e.g. q, k, v)."""
-    if _fast(modules, x):
+    if _fast(modules, x, min_rows):
         weight, bias = _packed(modules, 1.0)
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return torch.cat([_reference(m, x) for m in modules], dim=-1)
 
 
-def fusable(modules: Sequence[nn.Module], x: torch.Tensor) -> bool:
+def fusable(modules: Sequence[nn.Module], x: torch.Tensor, *, min_rows: int = MIN_ROWS) -> bool:
     """Whether ``modules`` applied to ``x`` take the packed path (else callers keep their reference ops)."""
-    return _fast(modules, x)
+    return _fast(modules, x, min_rows)
+
+
+def conv1d(module: nn.Module, x: torch.Tensor, activation: str = "none") -> torch.Tensor:
+    """``activation(module.forward_bct(x))`` for a waist ``Conv1d`` on (B, C, T) with equal padding on
+    both sides: on the fast path one oneDNN convolution with the activation in its epilogue."""
+    left, right = module.padding
+    if (left == right and activation in _POST_OPS and x.dim() == 3 and _fast((module,), x, 1)
+            and (module.bias is None or module.bias.dtype == torch.float32)):
+        attr, algorithm = _POST_OPS[activation]
+        return torch.ops.mkldnn._convolution_pointwise(x, module.weight, module.bias, [left], [module.stride],
+                                                       [module.dilation], module.groups, attr, [], algorithm)
+    y = module.forward_bct(x)
+    return activation_fn(activation)(y) if activation not in ("none", "identity") else y
 
 
 def glu_linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -130,21 +148,32 @@ def glu_linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return F.glu(linear(module, x), dim=-1)
 
 
-def blocked(fn: Callable[..., torch.Tensor], *tensors: torch.Tensor) -> torch.Tensor:
+def _few_rows(rows: int) -> int:
+    """The padded row count of a ``blocked(few=True)`` call under :data:`MIN_ROWS` rows: the next power of two."""
+    return 1 << (rows - 1).bit_length()
+
+
+def blocked(fn: Callable[..., torch.Tensor], *tensors: torch.Tensor, block_rows: int = BLOCK_ROWS,
+            few: bool = False) -> torch.Tensor:
     """``fn(*tensors)`` for a row-wise ``fn`` (each output row depends only on the same row of each
-    input), run on the fast path over blocks of :data:`BLOCK_ROWS` flattened rows (the last padded),
-    so the GEMMs inside see at most ``BLOCK_ROWS / MIN_ROWS`` distinct shapes."""
+    input), run on the fast path over blocks of ``block_rows`` flattened rows (a shorter last one padded
+    to a multiple of :data:`MIN_ROWS`), so the GEMMs inside see at most ``block_rows / MIN_ROWS`` distinct
+    shapes.  ``few``: fewer than :data:`MIN_ROWS` rows are padded up to a power of two and run too
+    (for an ``fn`` whose packed calls pass ``min_rows=1``; a decode step's rows)."""
     x = tensors[0]
     lead = x.shape[:-1]
     rows = x.numel() // x.size(-1) if x.dim() >= 2 else 0
-    if rows < MIN_ROWS or not _fast((), x):
+    if rows == 0 or (rows < MIN_ROWS and not few) or not _fast((), x, 1):
         return fn(*tensors)
     flat = [t.reshape(rows, t.size(-1)) for t in tensors]
     outs = []
-    for start in range(0, rows, BLOCK_ROWS):
-        stop = min(start + BLOCK_ROWS, rows)
+    for start in range(0, rows, block_rows):
+        stop = min(start + block_rows, rows)
         parts = [t[start:stop] for t in flat]
-        pad = -(stop - start) % MIN_ROWS
+        if stop - start == block_rows:
+            pad = 0
+        else:
+            pad = -(stop - start) % MIN_ROWS if rows >= MIN_ROWS else _few_rows(rows) - rows
         if pad:
             parts = [F.pad(t, (0, 0, 0, pad)) for t in parts]
         out = fn(*parts)

@@ -40,10 +40,13 @@ from oasr.layers import (
     MultiHeadAttention,
     attend,
     merge_heads,
+    packed,
+    split_heads,
 )
 from oasr.models.base import BaseAsrModel, BaseEncoder
 from oasr.models.specs import LoadReport, QuantLayout, SmoothGroup
 from oasr_models_hf.whisper.config import WhisperConfig
+from oasr_models_hf.whisper.screen import VocabScreen
 
 _ATTN_BIAS = (True, False, True, True)  # Whisper's k_proj has no bias
 #: logits of an int8 output projection recomputed in floating point per row (see WhisperDecoder.logits)
@@ -61,10 +64,29 @@ class WhisperEncoderLayer(nn.Module):
         self.fc2 = Linear(ffn_dim, d_model)
         self.final_layer_norm = LayerNorm(d_model)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        attn = self.self_attn(self.self_attn_layer_norm(x))
-        normed, x = self.final_layer_norm.add_forward(attn, x)
-        return x + self.fc2(self.fc1(normed))
+    def forward(self, x: torch.Tensor, block_rows: int = packed.BLOCK_ROWS) -> torch.Tensor:
+        """Pre-norm self-attention then MLP, each with its residual.  On the CPU fast path
+        (:mod:`oasr.layers.packed`: fp32 linears, inference) q/k/v run as one prepacked GEMM, fc1's
+        exact GELU and the residual adds of ``out_proj`` and ``fc2`` are GEMM epilogues, over blocks of
+        ``block_rows`` frames; otherwise (an int8 linear among them, autograd, not the CPU) the
+        reference ops run."""
+        sa = self.self_attn
+        group = tuple(getattr(sa, name) for name in sa.names[:3])
+        out_proj = getattr(sa, sa.names[3])
+        if not packed.fusable((*group, out_proj, self.fc1, self.fc2), x):
+            attn = sa(self.self_attn_layer_norm(x))
+            normed, x = self.final_layer_norm.add_forward(attn, x)
+            return x + self.fc2(self.fc1(normed))
+        qkv = packed.blocked(lambda rows: packed.linear_group(group, rows), self.self_attn_layer_norm(x),
+                             block_rows=block_rows)
+        q, k, v = (split_heads(t, sa.n_heads) for t in qkv.chunk(3, dim=-1))
+        out = merge_heads(F.scaled_dot_product_attention(q, k, v, scale=sa.core.scale))
+        x = packed.blocked(lambda rows, res: packed.linear_add(out_proj, rows, res), out, x, block_rows=block_rows)
+
+        def mlp(rows: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
+            return packed.linear_add(self.fc2, packed.linear(self.fc1, rows, self.fc1.activation), res)
+
+        return packed.blocked(mlp, self.final_layer_norm(x), x, block_rows=block_rows)
 
 
 class WhisperEncoder(BaseEncoder):
@@ -92,7 +114,9 @@ class WhisperEncoder(BaseEncoder):
         return self._d_model
 
     def forward(self, feats: torch.Tensor) -> torch.Tensor:
-        x = self.act(self.conv2(self.act(self.conv1(feats))))
+        """The two convolutions with their GELU fused (:func:`oasr.layers.packed.conv1d`), positions, layers."""
+        act = self.act.name
+        x = packed.conv1d(self.conv2, packed.conv1d(self.conv1, feats.transpose(1, 2), act), act).transpose(1, 2)
         n_pos = self.embed_positions.num_embeddings
         if x.shape[1] > n_pos:
             raise CapabilityError(
@@ -100,8 +124,10 @@ class WhisperEncoder(BaseEncoder):
                 f"(30 s). Longer audio is decoded in windows by the aed strategy."
             )
         x = x + self.embed_positions.weight[: x.shape[1]].to(x.dtype)
+        # a full window's frames are one GEMM block: every window runs the same shapes
+        block = x.shape[1] if x.shape[1] == n_pos else packed.BLOCK_ROWS
         for layer in self.layers:
-            x = layer(x)
+            x = layer(x, block)
         return self.layer_norm(x)
 
 
@@ -163,6 +189,8 @@ class WhisperDecoder(nn.Module):
     #: decoder K/V are dense per-row buffers (no paged pool), so steps are not graph-capturable
     supports_paged_kv = False
     supports_step_graphs = False
+    #: the search's greedy and beam steps project through :meth:`vocab_screen` (exact decisions)
+    screen_vocabulary = False
 
     def __init__(self, config: WhisperConfig):
         super().__init__()
@@ -219,6 +247,22 @@ class WhisperDecoder(nn.Module):
         table = self.embed_tokens.weight
         return table.is_floating_point() and tuple(table.shape) == (self.proj_out.out_features,
                                                                     self.proj_out.in_features)
+
+    def vocab_screen(self, exact_from: int) -> VocabScreen | None:
+        """The int8 screen of the output projection (:mod:`oasr_models_hf.whisper.screen`) when
+        ``screen_vocabulary`` is on and this decoder can use one (CPU, fp32 table, fbgemm), else None;
+        an int8 output projection screens with its own int8 weights.  Rebuilt when the weights change."""
+        table = self.embed_tokens.weight
+        if not self.screen_vocabulary or not self._tied_fp_table() or table.device.type != "cpu":
+            return None
+        int8 = self.proj_out._int8 is not None
+        source = self.proj_out.weight
+        key = (table.data_ptr(), table._version, table.dtype, source.data_ptr(), source._version, int8, exact_from)
+        if getattr(self, "_screen_key", None) != key:
+            q, scale = (source, self.proj_out.weight_scale) if int8 else (None, None)
+            self._screen_cache = VocabScreen.build(table, exact_from, q, scale)
+            self._screen_key = key
+        return self._screen_cache
 
     def cross_kv(self, enc_out: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Cross-attention keys (N, H, Dh, S), already transposed for the score product, and values
@@ -383,6 +427,10 @@ class WhisperDecoder(nn.Module):
 
     def step(self, state: WhisperDecoderState, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (B,) at each row's next position; returns logits (B, V).  Updates ``state``."""
+        return self.logits(self.step_hidden(state, tokens))
+
+    def step_hidden(self, state: WhisperDecoderState, tokens: torch.Tensor) -> torch.Tensor:
+        """:meth:`step` up to the final hidden states (B, D), before the vocabulary projection."""
         pos = state.lengths
         top = state.uniform_length if state.uniform_length is not None else int(pos.max())
         if top >= self.max_positions:
@@ -394,7 +442,7 @@ class WhisperDecoder(nn.Module):
         state.lengths = pos + 1
         if state.uniform_length is not None:
             state.uniform_length += 1
-        return self.logits(hidden[:, 0])
+        return hidden[:, 0]
 
     def _grow(self, state: WhisperDecoderState, capacity: int) -> None:
         extra = capacity - state.capacity
