@@ -22,9 +22,15 @@ real-time factor and each peer's time over OASR's per mode, the share of clips w
 peer (the check that all three hold the same weights), and the machine.  ``--work DIR`` keeps NeMo's models
 between runs (built once, about 1.5 min each).  Needs ``onnx`` in the NeMo venv
 (``.cache/nemo-venv/bin/pip install onnx``) and ``sherpa-onnx`` in this one (``pip install sherpa-onnx``).
-``--model streaming``: a random ``nemotron_asr_streaming`` of the same encoder dimensions (built by transformers;
-left context 70 frames, 560 ms chunks): OASR's streaming engine over ``--streams`` concurrent streams fed 560 ms
-at a time vs transformers' cache-aware encoder chunk by chunk (encoder only); streams per core printed.
+``--model streaming``: NeMo builds a random cache-aware FastConformer RNN-T of the same encoder dimensions (left
+context 70 frames, chunks of 7 frames = 560 ms; LSTM 2 × 640), ``save_to()``s it and exports its cache-aware
+encoder (NeMo's cache support) with decoder and joint and sherpa-onnx's online NeMo metadata.  OASR's streaming
+engine runs the ``.nemo`` over ``--streams`` concurrent streams fed 560 ms at a time round-robin; transformers'
+``NemotronAsrStreamingForRNNT`` holding the same weights runs its cache-aware encoder chunk by chunk (encoder
+only); sherpa-onnx's ``OnlineRecognizer`` (online NeMo transducer, one thread) runs the export over as many
+streams fed the same way, the ready ones decoded together.  Prints process CPU seconds, streams per core
+(audio seconds / CPU seconds) and each peer's time over OASR's, the weights check (transformers' and the ONNX
+encoder's outputs against OASR's on OASR's features) and sherpa-onnx's token agreement with OASR.
 Usage: ``python benchmarks/fastconformer.py [--model ctc,tdt,streaming] [--clips 20] [--batch 8] [--repeats 2]
 [--streams 8] [--work DIR]``.
 """
@@ -223,99 +229,213 @@ def measure(kind: str, out: Path, clips, args) -> tuple[dict, dict]:
     return best, tokens
 
 
-STREAM_ENCODER = dict(hidden_size=512, num_hidden_layers=17, num_attention_heads=8, intermediate_size=2048,
-                      conv_kernel_size=9, subsampling_conv_channels=256, num_mel_bins=80, sliding_window=71,
-                      default_num_lookahead_tokens=6, dropout=0.0, layerdrop=0.0, activation_dropout=0.0,
-                      attention_dropout=0.0)
+#: the streaming model's audio piece fed per stream per round: 560 ms, one trained chunk
+PIECE = 8960
 
 
-def nemotron_model(root: Path) -> Path:
-    """A random ``nemotron_asr_streaming`` of 110M dimensions (17 × 512, left context 70 frames, chunks of 7
-    frames = 560 ms), saved by transformers with its processor under ``root/nemotron``, built once."""
-    import transformers as tf
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    out = root / "nemotron"
-    if (out / "config.json").is_file():
-        return out
-    pieces = [("<unk>", 0.0)] + [(f"\u2581w{i}", -1.0 - i * 1e-3) for i in range(1, 1024)] + [("<blank>", -50.0)]
-    backend = Tokenizer(models.Unigram(pieces, unk_id=0))
-    backend.pre_tokenizer, backend.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
-    tokenizer = tf.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", pad_token="<blank>")
-    torch.manual_seed(0)
-    config = tf.NemotronAsrStreamingConfig(
-        encoder_config=tf.NemotronAsrStreamingEncoderConfig(**STREAM_ENCODER), vocab_size=1025,
-        blank_token_id=1024, pad_token_id=1024, decoder_hidden_size=640, num_decoder_layers=2,
-        max_symbols_per_step=10)
-    model = tf.NemotronAsrStreamingForRNNT(config).eval()
-    model.generation_config.decoder_start_token_id = 1024
-    with torch.no_grad():  # like a trained model, most (frame, label) pairs are blank
-        model.joint.head.bias[1024] += 6.0
-    model.save_pretrained(out)
-    fe = tf.NemotronAsrStreamingFeatureExtractor(feature_size=80)
-    tf.NemotronAsrStreamingProcessor(fe, tokenizer, supported_num_lookahead_tokens=[6]).save_pretrained(out)
-    return out
-
-
-def stream_oasr(path: Path, clips, piece: int) -> float:
-    """All clips as concurrent streams of one engine, fed ``piece`` samples at a time round-robin; seconds."""
+def stream_oasr(path: Path, clips, piece: int) -> tuple[float, float, list]:
+    """All clips as concurrent streams of one engine, fed ``piece`` samples at a time round-robin; (wall
+    seconds, process CPU seconds, final token ids per clip)."""
     from oasr.engine import Engine, EngineConfig
 
     engine = Engine(EngineConfig(model=str(path), service_mode="streaming", max_streams=len(clips)))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     ids = [engine.add_streaming_request(request_id=f"s{i}") for i in range(len(clips))]
-    pos, done = [0] * len(clips), set()
-    while len(done) < len(clips):
+    pos, final = [0] * len(clips), {}
+    while len(final) < len(clips):
         for i, clip in enumerate(clips):
             if pos[i] < clip.size:
                 engine.feed_chunk(ids[i], clip[pos[i]:pos[i] + piece], is_last=pos[i] + piece >= clip.size)
                 pos[i] += piece
-        done |= {o.request_id for o in engine.step() if o.finished}
-    return time.perf_counter() - t0
+        final.update({o.request_id: o.tokens for o in engine.step() if o.finished})
+    return time.perf_counter() - t0, time.process_time() - c0, [final[i] for i in ids]
 
 
-def stream_hf(path: Path, clips) -> float:
-    """transformers' cache-aware encoder (its K/V and conv padding caches) chunk by chunk, one stream after the
-    other; features computed once per clip up front and no decoding (encoder only); seconds."""
+def hf_streaming(path: Path, loaded):
+    """transformers' ``NemotronAsrStreamingForRNNT`` of the archive's dimensions holding its weights (OASR's
+    converter names them; strict load) and transformers' feature extractor."""
     import transformers as tf
+
+    from oasr_models_hf.fastconformer.nemo_convert import NemoRnntStreamingConverter
+
+    cfg = loaded.model.config
+    encoder = tf.NemotronAsrStreamingEncoderConfig(
+        hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads, intermediate_size=cfg.intermediate_size,
+        conv_kernel_size=cfg.conv_kernel_size, subsampling_conv_channels=cfg.subsampling_conv_channels,
+        num_mel_bins=cfg.num_mel_bins, scale_input=cfg.scale_input, sliding_window=cfg.sliding_window,
+        default_num_lookahead_tokens=cfg.num_lookahead_tokens, dropout=0.0, layerdrop=0.0,
+        activation_dropout=0.0, attention_dropout=0.0)
+    model = tf.NemotronAsrStreamingForRNNT(tf.NemotronAsrStreamingConfig(
+        encoder_config=encoder, vocab_size=cfg.vocab_size, blank_token_id=cfg.blank_id, pad_token_id=cfg.blank_id,
+        decoder_hidden_size=cfg.decoder_hidden_size, num_decoder_layers=cfg.num_decoder_layers,
+        max_symbols_per_step=cfg.max_symbols_per_step))
+    state = NemoRnntStreamingConverter().load_state_dict(path)
+    # the converter's names are OASR's, whose joint holds transformers' two projectors
+    moved = {"joint.encoder_projector.": "encoder_projector.", "joint.decoder_projector.": "decoder.decoder_projector."}
+    state = {next((new + k[len(old):] for old, new in moved.items() if k.startswith(old)), k): v
+             for k, v in state.items() if not k.startswith("preprocessor.")}
+    model.load_state_dict(state, strict=True)
+    return model.eval(), tf.NemotronAsrStreamingFeatureExtractor(feature_size=cfg.num_mel_bins)
+
+
+def hf_encode_stream(hf, feats: torch.Tensor) -> torch.Tensor:
+    """transformers' cache-aware encoder (its K/V and conv padding caches) over (T, mels) ``feats`` chunk by
+    chunk, NeMo's framing (a first window of ``1 + factor · r`` frames, then ``factor · (r + 1)``); (T', hidden)."""
     from transformers.cache_utils import DynamicCache
     from transformers.models.nemotron_asr_streaming.modeling_nemotron_asr_streaming import (
         NemotronAsrStreamingEncoderCausalConvPaddingCache,
     )
 
-    hf = tf.NemotronAsrStreamingForRNNT.from_pretrained(path).eval()
-    processor = tf.AutoProcessor.from_pretrained(path)
-    r, factor = STREAM_ENCODER["default_num_lookahead_tokens"], hf.config.encoder_config.subsampling_factor
-    t0 = time.perf_counter()
+    config = hf.config.encoder_config
+    r, factor = config.default_num_lookahead_tokens, config.subsampling_factor
+    cache, padding = DynamicCache(config=config), NemotronAsrStreamingEncoderCausalConvPaddingCache()
+    bounds = [0, 1 + factor * r]
+    while bounds[-1] + factor * (r + 1) <= feats.shape[0]:
+        bounds.append(bounds[-1] + factor * (r + 1))
+    outs = []
+    with torch.no_grad():
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            out = hf.encoder(input_features=feats[None, a:b], cache=cache, padding_cache=padding, use_cache=True,
+                             num_lookahead_tokens=r, output_attention_mask=False)
+            outs.append(out.last_hidden_state[0])
+    return torch.cat(outs)
+
+
+def stream_hf(hf, extractor, clips) -> tuple[float, float]:
+    """transformers' cache-aware encoder chunk by chunk, one stream after the other; features computed once per
+    clip up front and no decoding (encoder only); (wall, process CPU) seconds."""
+    t0, c0 = time.perf_counter(), time.process_time()
     for clip in clips:
-        feats = processor.feature_extractor(clip, sampling_rate=16000, return_tensors="pt").input_features[0]
-        cache = DynamicCache(config=hf.config.encoder_config)
-        padding = NemotronAsrStreamingEncoderCausalConvPaddingCache()
-        bounds = [0, 1 + factor * r]
-        while bounds[-1] + factor * (r + 1) <= feats.shape[0]:
-            bounds.append(bounds[-1] + factor * (r + 1))
+        hf_encode_stream(hf, extractor(clip, sampling_rate=16000, return_tensors="pt").input_features[0])
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def sherpa_online(out: Path):
+    import sherpa_onnx
+
+    return sherpa_onnx.OnlineRecognizer.from_transducer(
+        tokens=str(out / "tokens.txt"), encoder=str(out / "encoder.onnx"), decoder=str(out / "decoder.onnx"),
+        joiner=str(out / "joiner.onnx"), num_threads=1, sample_rate=16000, feature_dim=80,
+        decoding_method="greedy_search")
+
+
+def stream_sherpa(recognizer, ids: dict, clips, piece: int) -> tuple[float, float, list]:
+    """sherpa-onnx's online NeMo transducer: one stream per clip fed ``piece`` samples at a time round-robin, the
+    ready streams decoded together (``decode_streams``) after each round; each stream ends with 0.8 s of
+    silence (sherpa-onnx decodes whole windows only: its examples pad the tail so).  (wall, process CPU
+    seconds, token ids per clip)."""
+    import numpy as np
+
+    tail = np.zeros(12800, dtype=np.float32)
+    t0, c0 = time.perf_counter(), time.process_time()
+    streams = [recognizer.create_stream() for _ in clips]
+    fed = [np.concatenate([clip, tail]) for clip in clips]
+    pos = [0] * len(clips)
+    while any(p < f.size for p, f in zip(pos, fed, strict=True)):
+        for i, audio in enumerate(fed):
+            if pos[i] < audio.size:
+                streams[i].accept_waveform(16000, audio[pos[i]:pos[i] + piece])
+                pos[i] += piece
+                if pos[i] >= audio.size:
+                    streams[i].input_finished()
+        while ready := [s for s in streams if recognizer.is_ready(s)]:
+            recognizer.decode_streams(ready)
+    tokens = [[ids[t] for t in recognizer.get_result_all(s).tokens] for s in streams]
+    return time.perf_counter() - t0, time.process_time() - c0, tokens
+
+
+def onnx_stream_encoder(session, feats: torch.Tensor, window: int, shift: int) -> torch.Tensor:
+    """NeMo's cache-aware ONNX encoder (onnxruntime) over (T, mels) ``feats`` as sherpa-onnx frames it:
+    ``window`` frames a call (the pre-encode cache and the chunk) every ``shift``, caches carried; (T', hidden)."""
+    import numpy as np
+
+    meta = session.get_modelmeta().custom_metadata_map
+    layers, hidden = int(meta["cache_last_channel_dim1"]), int(meta["cache_last_channel_dim3"])
+    channel = np.zeros((1, layers, int(meta["cache_last_channel_dim2"]), hidden), dtype=np.float32)
+    last_time = np.zeros((1, layers, hidden, int(meta["cache_last_time_dim3"])), dtype=np.float32)
+    channel_len = np.zeros(1, dtype=np.int64)
+    outs = []
+    for start in range(0, feats.shape[0] - window + 1, shift):
+        x = feats[start:start + window].T[None].contiguous().numpy()
+        out, _, channel, last_time, channel_len = session.run(None, {
+            "audio_signal": x, "length": np.array([window], dtype=np.int64), "cache_last_channel": channel,
+            "cache_last_time": last_time, "cache_last_channel_len": channel_len})
+        outs.append(torch.from_numpy(out[0].T))
+    return torch.cat(outs)
+
+
+def streaming_weights(out: Path, loaded, hf, clips) -> list[str]:
+    """The same weights in all three, on OASR's features of each clip, against OASR's offline encoder (the
+    trained mask; OASR's streaming equals it, tested): transformers' cache-aware encoder chunk by chunk, and
+    NeMo's cache-aware ONNX export (onnxruntime) framed as sherpa-onnx frames it — that framing reads the
+    first window's 9 frames as pre-encode cache only and drops the first 2 encoder frames, so its frame i is
+    OASR's frame i + 2 and its chunks and left context start 2 frames later: close, not equal."""
+    import onnxruntime as ort
+
+    from oasr.features import FeatureConfig, extract_features_batch
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(out / "encoder.onnx"), options)
+    meta = session.get_modelmeta().custom_metadata_map
+    window, shift = int(meta["window_size"]), int(meta["chunk_shift"])
+    drop = (window - shift + loaded.model.config.subsampling_factor - 1) // loaded.model.config.subsampling_factor
+    worst_hf, onnx_rel, onnx_cos = 0.0, [], []
+    for clip in clips:
+        feats, lens = extract_features_batch([torch.from_numpy(clip)], FeatureConfig.from_spec(loaded.feature_spec))
         with torch.no_grad():
-            for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-                hf.encoder(input_features=feats[None, a:b], cache=cache, padding_cache=padding, use_cache=True,
-                           num_lookahead_tokens=r, output_attention_mask=False)
-    return time.perf_counter() - t0
+            ours = loaded.model.encode_offline(feats, lens)[0][0]
+        theirs = hf_encode_stream(hf, feats[0])
+        n = min(len(theirs), len(ours))
+        worst_hf = max(worst_hf, float((ours[:n] - theirs[:n]).abs().max() / ours[:n].abs().max()))
+        onnx = onnx_stream_encoder(session, feats[0], window, shift)
+        n = min(len(onnx), len(ours) - drop)
+        ref = ours[drop:drop + n]
+        onnx_rel.append(float((onnx[:n] - ref).norm() / ref.norm()))
+        onnx_cos.append(float(torch.nn.functional.cosine_similarity(onnx[:n], ref, dim=-1).mean()))
+    return [f"transformers' cache-aware encoder vs OASR on OASR's features ({len(clips)} clips): max relative error "
+            f"{worst_hf:.1e}",
+            f"NeMo's cache-aware ONNX export (onnxruntime, sherpa-onnx's framing: {window}-frame windows every "
+            f"{shift}) vs OASR's frames +{drop} on OASR's features ({len(clips)} clips): relative error (Frobenius) "
+            f"{max(onnx_rel):.1e} worst, mean per-frame cosine {min(onnx_cos):.4f} worst"]
 
 
 def streaming(root: Path, args) -> None:
-    path = nemotron_model(root)
+    from oasr.checkpoints.loading import load_pretrained
+
+    out = nemo_model("streaming", root)
+    path = out / "model.nemo"
+    loaded = load_pretrained(path)
+    hf, extractor = hf_streaming(path, loaded)
+    recognizer = sherpa_online(out)
+    ids = {line.rsplit(" ", 1)[0].replace("\u2581", " "): int(line.rsplit(" ", 1)[1])
+           for line in (out / "tokens.txt").read_text().splitlines()}
     clips = [synth(6.0 + 4.0 * (i % 3), seed=100 + i) for i in range(args.streams)]
+    for line in streaming_weights(out, loaded, hf, clips[:3]):
+        print(line)
     audio_seconds = sum(len(c) for c in clips) / 16000
-    best = {"OASR": float("inf"), "transformers": float("inf")}
-    for _ in range(args.repeats):
-        best["OASR"] = min(best["OASR"], stream_oasr(path, clips, piece=8960))
-        best["transformers"] = min(best["transformers"], stream_hf(path, clips))
-    print(f"\nNemotron cache-aware streaming, 110M-sized (random weights), {args.streams} streams of 6-14 s "
-          f"({audio_seconds:.1f} s of audio), chunks of 560 ms, best of {args.repeats}")
-    print(f"{'system':<14}{'seconds':>10}{'streams/core':>14}{'transformers / OASR':>22}")
-    for system, seconds in best.items():
-        ratio = f"{best['transformers'] / seconds:.2f}x" if system == "OASR" else ""
-        print(f"{system:<14}{seconds:>10.2f}{audio_seconds / seconds:>14.2f}{ratio:>22}")
-    print("OASR: engine streams (features, encoder, greedy transducer, partials); transformers: encoder only")
+    best = {s: (float("inf"), float("inf")) for s in SYSTEMS}
+    tokens = {}
+    for round_ in range(args.repeats):
+        for system in SYSTEMS[round_ % 3:] + SYSTEMS[:round_ % 3]:
+            if system == "OASR":
+                wall, cpu, tokens[system] = stream_oasr(path, clips, PIECE)
+            elif system == "sherpa-onnx":
+                wall, cpu, tokens[system] = stream_sherpa(recognizer, ids, clips, PIECE)
+            else:
+                wall, cpu = stream_hf(hf, extractor, clips)
+            best[system] = min(best[system], (cpu, wall))
+    print(f"\nNemotron-style cache-aware FastConformer RNN-T, 110M-sized (NeMo-built, random weights), "
+          f"{args.streams} streams of 6-14 s ({audio_seconds:.1f} s of audio), chunks of 560 ms, best of {args.repeats}")
+    print(f"{'system':<14}{'CPU s':>9}{'wall s':>9}{'streams/core':>14}{'peer / OASR (CPU)':>20}")
+    for system, (cpu, wall) in best.items():
+        ratio = f"{cpu / best['OASR'][0]:.2f}x" if system != "OASR" else ""
+        print(f"{system:<14}{cpu:>9.2f}{wall:>9.2f}{audio_seconds / cpu:>14.2f}{ratio:>20}")
+    print("OASR: engine streams (features, encoder, greedy transducer, partials); transformers: encoder only; "
+          "sherpa-onnx: features, encoder, greedy transducer")
+    print(f"token ids vs OASR (sherpa-onnx, its own features): {agreement(tokens['OASR'], tokens['sherpa-onnx'])}")
+    print(f"OASR emitted {sum(len(t) for t in tokens['OASR'])} tokens over {args.streams} streams")
 
 
 def agreement(ours: list, theirs: list) -> str:

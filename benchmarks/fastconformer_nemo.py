@@ -9,11 +9,21 @@ sherpa-onnx with the metadata sherpa-onnx reads for NeMo models (``vocab_size``,
 ``subsampling_factor``, ``model_type``, ...) and ``OUT/tokens.txt``:
 
 - ``ctc``: ``OUT/model.onnx`` (``model.export()``: encoder + CTC head, log-probs out);
-- ``tdt``: ``OUT/encoder.onnx``, ``OUT/decoder.onnx``, ``OUT/joiner.onnx`` (each module's ``export()``).
+- ``tdt``: ``OUT/encoder.onnx``, ``OUT/decoder.onnx``, ``OUT/joiner.onnx`` (each module's ``export()``);
+- ``streaming``: a cache-aware FastConformer RNN-T of the same dimensions (NeMo's cache-aware recipe: causal
+  ``dw_striding`` subsampling, causal convolutions with ``layer_norm``, ``chunked_limited`` attention with
+  ``att_context_size [70, 6]``: 70 frames of left context, chunks of 7 frames = 560 ms; no feature
+  normalization; LSTM 2 × 640, joint 640), its encoder exported with NeMo's cache support
+  (``set_export_config({"cache_support": True})``: inputs ``cache_last_channel``, ``cache_last_time``,
+  ``cache_last_channel_len``) and the metadata sherpa-onnx's online NeMo transducer reads (``window_size`` =
+  ``chunk_size + pre_encode_cache_size`` feature frames a call, ``chunk_shift``, the two caches' shapes,
+  ``pred_rnn_layers``, ``pred_hidden``, ...); ``OUT/streaming.txt`` records NeMo's streaming config.
 
 Like a trained model, most frames are blank: the CTC head's blank bias is calibrated on NeMo's features of a
 benchmark-like clip so blank wins about 80 % of the frames, the TDT joint's blank bias on the same clip so
-blank wins about half of the (frame, label) pairs (TDT skips frames).  Needs ``onnx`` in the NeMo venv
+blank wins about half of the (frame, label) pairs (TDT skips frames), the streaming RNN-T's so NeMo's greedy
+search emits about 0.35 labels a frame (its joint's encoder projection first centered on the mean frame:
+unnormalized log-mels give a random encoder's frames a large common part).  Needs ``onnx`` in the NeMo venv
 (``.cache/nemo-venv/bin/pip install onnx``).
 """
 
@@ -28,6 +38,8 @@ import torch
 MELS, D_MODEL, LAYERS, HEADS, PRED = 80, 512, 17, 8, 640
 PIECES = 1024
 DURATIONS = [0, 1, 2, 3, 4]
+#: the streaming kind's trained context: 70 frames left, chunks of 7 (6 frames of lookahead): 560 ms
+STREAM_CONTEXT = [70, 6]
 
 
 def train_tokenizer(root: Path) -> Path:
@@ -64,6 +76,8 @@ def model_config(kind: str, tokdir: Path) -> dict:
         cfg["decoder"] = {"_target_": "nemo.collections.asr.modules.ConvASRDecoder", "feat_in": D_MODEL,
                           "num_classes": -1, "vocabulary": []}
         return cfg
+    if kind == "streaming":
+        return streaming_config(cfg)
     cfg.update(
         model_defaults={"enc_hidden": D_MODEL, "pred_hidden": PRED, "joint_hidden": PRED,
                         "tdt_durations": DURATIONS, "num_tdt_durations": len(DURATIONS)},
@@ -76,6 +90,26 @@ def model_config(kind: str, tokdir: Path) -> dict:
         decoding={"strategy": "greedy_batch", "greedy": {"max_symbols": 10}, "model_type": "tdt",
                   "durations": DURATIONS},
         loss={"loss_name": "tdt", "tdt_kwargs": {"durations": DURATIONS, "sigma": 0.02, "omega": 0.1}},
+    )
+    return cfg
+
+
+def streaming_config(cfg: dict) -> dict:
+    """``cfg`` made NeMo's cache-aware FastConformer RNN-T (the cache-aware recipe; no feature normalization:
+    a streamed utterance has no whole)."""
+    cfg["encoder"].update(causal_downsampling=True, att_context_size=STREAM_CONTEXT, att_context_style="chunked_limited",
+                          conv_context_size="causal", conv_norm_type="layer_norm")
+    cfg["preprocessor"]["normalize"] = "NA"
+    cfg.update(
+        model_defaults={"enc_hidden": D_MODEL, "pred_hidden": PRED, "joint_hidden": PRED},
+        decoder={"_target_": "nemo.collections.asr.modules.RNNTDecoder", "normalization_mode": None,
+                 "random_state_sampling": False, "blank_as_pad": True,
+                 "prednet": {"pred_hidden": PRED, "pred_rnn_layers": 2, "t_max": None, "dropout": 0.0}},
+        joint={"_target_": "nemo.collections.asr.modules.RNNTJoint", "log_softmax": None, "preserve_memory": False,
+               "fuse_loss_wer": False, "fused_batch_size": -1,
+               "jointnet": {"joint_hidden": PRED, "activation": "relu", "dropout": 0.0}},
+        decoding={"strategy": "greedy_batch", "greedy": {"max_symbols": 10}},
+        loss={"loss_name": "default"},
     )
     return cfg
 
@@ -111,6 +145,53 @@ def calibrate_blank(model, share: float) -> None:
     head.bias[blank] += float(gap.flatten().quantile(share))
 
 
+def center_joint(model) -> None:
+    """Unnormalized log-mels give every frame of a random encoder a large common part, which would pick one
+    label everywhere: center the joint's encoder projection on the mean frame."""
+    layer = model.joint.enc
+    layer.bias.sub_(layer.weight @ encoded(model)[0].mean(-1))
+
+
+def calibrate_emissions(model, rate: float) -> None:
+    """Set the joint's blank bias (bisection) so NeMo's greedy search emits about ``rate`` labels per encoder
+    frame on the benchmark-like clip (a trained English BPE model: roughly one label per 3 frames of 80 ms)."""
+    head, blank = model.joint.joint_net[-1], model.decoder.blank_idx
+    enc = encoded(model)
+    lengths = torch.tensor([enc.shape[2]])
+    base, low, high = float(head.bias[blank]), -40.0, 40.0
+    for _ in range(16):
+        head.bias[blank] = base + (low + high) / 2
+        hyps = model.decoding.rnnt_decoder_predictions_tensor(encoder_output=enc, encoded_lengths=lengths,
+                                                              return_hypotheses=True)
+        hyp = (hyps[0] if isinstance(hyps, tuple) else hyps)[0]
+        if len(hyp.y_sequence) > rate * enc.shape[2]:
+            low = (low + high) / 2
+        else:
+            high = (low + high) / 2
+    head.bias[blank] = base + high
+
+
+def export_streaming(model, out: Path, meta: dict) -> None:
+    """The cache-aware encoder (NeMo's cache support), decoder and joint graphs, with sherpa-onnx's online NeMo
+    transducer metadata on the encoder."""
+    model.set_export_config({"cache_support": True})
+    enc = model.encoder
+    cfg = enc.streaming_cfg
+    chunk = cfg.chunk_size[1] if isinstance(cfg.chunk_size, list) else cfg.chunk_size
+    cache = cfg.pre_encode_cache_size
+    cache = cache[1] if isinstance(cache, list) else cache
+    (out / "streaming.txt").write_text(f"{cfg}\natt_context_size {enc.att_context_size}\n")
+    model.encoder.export(str(out / "encoder.onnx"))
+    model.decoder.export(str(out / "decoder.onnx"))
+    model.joint.export(str(out / "joiner.onnx"))
+    add_metadata(out / "encoder.onnx", dict(
+        meta, model_type="EncDecRNNTBPEModel", vocab_size=model.decoder.vocab_size, normalize_type="",
+        window_size=chunk + cache, chunk_shift=chunk, feat_dim=MELS, pred_rnn_layers=2, pred_hidden=PRED,
+        cache_last_channel_dim1=len(enc.layers), cache_last_channel_dim2=cfg.last_channel_cache_size,
+        cache_last_channel_dim3=enc.d_model, cache_last_time_dim1=len(enc.layers),
+        cache_last_time_dim2=enc.d_model, cache_last_time_dim3=enc.conv_context_size[0]))
+
+
 def add_metadata(path: Path, meta: dict) -> None:
     import onnx
 
@@ -135,6 +216,9 @@ def main(argv: list[str]) -> int:
         model.preprocessor.featurizer.dither = 0.0
         if kind == "ctc":  # like a trained model, most frames are blank
             calibrate_ctc_blank(model, share=0.8)
+        elif kind == "streaming":
+            center_joint(model)
+            calibrate_emissions(model, rate=0.35)
         else:
             calibrate_blank(model, share=0.5)
     model.save_to(str(out / "model.nemo"))
@@ -149,6 +233,8 @@ def main(argv: list[str]) -> int:
         if kind == "ctc":
             model.export(str(out / "model.onnx"))
             add_metadata(out / "model.onnx", dict(meta, model_type="EncDecCTCModelBPE", vocab_size=len(vocab) + 1))
+        elif kind == "streaming":
+            export_streaming(model, out, meta)
         else:
             model.encoder.export(str(out / "encoder.onnx"))
             model.decoder.export(str(out / "decoder.onnx"))
