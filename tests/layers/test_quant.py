@@ -115,3 +115,26 @@ def test_activation_scales_are_per_row(model):
     assert lin._int8.reduce_range is (not torch.cpu._is_vnni_supported())  # 8 bits wherever VNNI allows
 
 
+
+
+def test_a_single_row_keeps_its_own_grid_and_follows_bias_changes(model):
+    """One row goes to fbgemm unscaled with the bias packed beside the weight: it still rounds on its own
+    grid (within its own bound, however quiet), agrees with the same row computed inside a batch up to
+    that rounding, and an in-place change of the bias is honoured."""
+    quantize_model_int8(model)
+    lin = model.down
+    torch.manual_seed(4)
+    x = torch.randn(3, 64) * torch.tensor([[1e-3], [1.0], [300.0]])
+    with torch.no_grad():
+        weight = lin.weight.float() * lin.weight_scale[:, None]
+        exact = torch.nn.functional.linear(x, weight, lin.bias)
+        bound = (2 * x.abs().amax(dim=1, keepdim=True) / 255) / 2 * weight.abs().sum(dim=1)[None, :] + 1e-5
+        alone = torch.cat([lin(row[None]) for row in x])
+        batched = lin(x)
+        assert bool(((alone - exact).abs() <= bound).all())
+        assert bool(((alone - batched).abs() <= 2 * bound).all())
+        before = lin(x[1:2])
+        lin.bias.add_(1.0)
+        assert torch.allclose(lin(x[1:2]), before + 1.0, atol=1e-5)
+        three_d = lin(x[1:2].reshape(1, 1, 64))
+    assert three_d.shape == (1, 1, 32) and torch.allclose(three_d[0], before + 1.0, atol=1e-5)
