@@ -62,25 +62,54 @@ def speech(tmp_path_factory) -> list[tuple[Path, object]]:
     return [(out / f"s{i}.wav", espeak(text, out / f"s{i}.wav")) for i, text in enumerate(SENTENCES)]
 
 
-@pytest.fixture(scope="module", params=sorted(ARCHITECTURE))
-def built(request, tmp_path_factory, speech):
-    """(kind, archive path, NeMo's outputs) for one model kind, built by NeMo."""
-    kind = request.param
-    out = tmp_path_factory.mktemp(f"nemo_{kind}")
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run([str(nemo_python()), str(ORACLE), kind, str(out), *(str(p) for p, _ in speech)],
-                          capture_output=True, text=True, timeout=900, env=env, cwd=out)
-    if proc.returncode != 0:
-        raise AssertionError(f"NeMo oracle failed for {kind}:\n{proc.stderr[-4000:]}")
-    return kind, out / "model.nemo", torch.load(out / "oracle.pt", weights_only=True)
+@pytest.fixture(scope="module")
+def build(tmp_path_factory, speech):
+    """``build(kind)``: (kind, archive path, NeMo's outputs) for one model kind, built by NeMo once per module."""
+    cache: dict[str, tuple[str, Path, dict]] = {}
+
+    def run(kind: str) -> tuple[str, Path, dict]:
+        if kind not in cache:
+            out = tmp_path_factory.mktemp(f"nemo_{kind}")
+            env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
+            proc = subprocess.run([str(nemo_python()), str(ORACLE), kind, str(out), *(str(p) for p, _ in speech)],
+                                  capture_output=True, text=True, timeout=900, env=env, cwd=out)
+            if proc.returncode != 0:
+                raise AssertionError(f"NeMo oracle failed for {kind}:\n{proc.stderr[-4000:]}")
+            cache[kind] = kind, out / "model.nemo", torch.load(out / "oracle.pt", weights_only=True)
+        return cache[kind]
+
+    return run
 
 
 @pytest.fixture(scope="module")
-def loaded(built):
-    kind, archive, _ = built
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)  # no unexplained unused tensor
-        return load_pretrained(archive)
+def load(build):
+    """``load(kind)``: the archive of ``build(kind)`` loaded by OASR, once per module."""
+    cache = {}
+
+    def run(kind: str):
+        if kind not in cache:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", RuntimeWarning)  # no unexplained unused tensor
+                cache[kind] = load_pretrained(build(kind)[1])
+        return cache[kind]
+
+    return run
+
+
+@pytest.fixture(params=sorted(ARCHITECTURE))
+def kind(request) -> str:
+    """Every archive kind, for the tests that hold for all of them."""
+    return request.param
+
+
+@pytest.fixture
+def built(build, kind):
+    return build(kind)
+
+
+@pytest.fixture
+def loaded(load, kind):
+    return load(kind)
 
 
 def _features(model, audios):
@@ -214,15 +243,14 @@ def _tdt_nbest(loaded, enc: torch.Tensor, beam: int, search: str = "default") ->
 
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+@pytest.mark.parametrize("kind", TDT)
 def test_tdt_beam_search_equals_nemo_beam_tdt_infer_on_its_encoder_output(built, loaded, strategy):
     """Every kept hypothesis of NeMo's ``decoding.strategy`` beam / maes (labels in order, scores), our search over
     the archive's predictor and joint fed NeMo's own encoder output; near-ties (an n-best that moves when the
     joint's head moves by 1e-6 relative, far above the float noise of the same computation) are not compared."""
     from tests.decoding._tdt_beam_oracle import nbest_mismatch, perturbed_head
 
-    kind, _, ref = built
-    if kind not in TDT:
-        return  # only the TDT archives have a TDT beam search (checked when kind is tdt or tdt_cache)
+    _, _, ref = built
     compared, search = 0, STRATEGIES[strategy]
     for enc, theirs in zip(ref["encoder"], ref[f"{strategy}_nbest"], strict=True):
         ours = _tdt_nbest(loaded, enc, ref["beam_size"], search)
@@ -239,6 +267,7 @@ def test_tdt_beam_search_equals_nemo_beam_tdt_infer_on_its_encoder_output(built,
 
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+@pytest.mark.parametrize("kind", TDT)
 def test_tdt_beam_through_the_engine_equals_nemo_transcribe(built, loaded, speech, strategy):
     """``beam_size=4`` on the TDT archive (``search="maes"`` for NeMo's maes): the best ids and text equal
     ``transcribe()`` with NeMo's beam / maes strategy, the n-best texts NeMo's n-best (clips whose results move
@@ -246,9 +275,7 @@ def test_tdt_beam_through_the_engine_equals_nemo_transcribe(built, loaded, speec
     from oasr.engine.options import DecodingOptions
     from tests.decoding._tdt_beam_oracle import perturbed_head
 
-    kind, _, ref = built
-    if kind not in TDT:
-        return  # only the TDT archives have a TDT beam search (checked when kind is tdt or tdt_cache)
+    _, _, ref = built
     audios = [a for _, a in speech]
     options = DecodingOptions(beam_size=ref["beam_size"], n_best=ref["beam_size"])
     # our encoder's frames are NeMo's within 1e-4 relative (test_encoder_within_1e4_relative): a clip whose
@@ -286,12 +313,10 @@ def _with_section(archive: Path, out: Path, section: str, **changes) -> Path:
     return _repacked(archive, out, {"model_config.yaml": yaml.safe_dump(changed).encode()})
 
 
-def test_a_tdt_archive_decoding_with_beam_makes_the_beam_search_the_default(built, speech, tmp_path):
+def test_a_tdt_archive_decoding_with_beam_makes_the_beam_search_the_default(build, speech, tmp_path):
     from oasr.engine.options import DecodingOptions
 
-    kind, archive, _ = built
-    if kind != "tdt":
-        return  # the TDT archive's decoding section (checked when kind == "tdt")
+    _, archive, _ = build("tdt")
     beam = load_pretrained(_with_section(archive, tmp_path / "beam.nemo", "decoding", strategy="beam",
                                           beam={"beam_size": 3, "return_best_hypothesis": True}))
     assert beam.decoding_defaults.options["search"] == "modified_beam"
@@ -312,10 +337,8 @@ def test_a_tdt_archive_decoding_with_beam_makes_the_beam_search_the_default(buil
                                        beam={"beam_size": 4, "score_norm": False}))
 
 
-def test_hybrid_ctc_head_by_architecture_equals_nemo_ctc_decoding(built, speech):
-    kind, archive, ref = built
-    if kind != "hybrid":
-        return  # the hybrid's CTC head exists only in the hybrid archive (checked when kind == "hybrid")
+def test_hybrid_ctc_head_by_architecture_equals_nemo_ctc_decoding(build, speech):
+    _, archive, ref = build("hybrid")
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         ctc = load_pretrained(archive, architecture="nemo_ctc")
@@ -399,25 +422,29 @@ def test_weights_needing_arbitrary_unpickling_are_refused(built, tmp_path):
         load_pretrained(bad)
 
 
-def test_what_the_encoders_do_not_compute_is_refused_by_name(built, tmp_path):
-    kind, archive, _ = built
-    if kind == "ctc":  # a limited context or causal subsampling makes it cache-aware: then every rule must hold
-        cases = (("att_context_size", [[70, 13], [70, 1]]), ("causal_downsampling", True),
-                 ("conv_context_size", "causal"), ("subsampling", "striding"), ("self_attention_model", "abs_pos"))
-        expected = dict({key: key for key, _ in cases}, att_context_size="causal_downsampling",
-                        causal_downsampling="att_context_style")
-    elif kind == "rnnt":  # a limited context makes it cache-aware: then every cache-aware rule must hold
-        cases = (("att_context_size", [70, 13]), ("conv_norm_type", "group_norm"))
-        expected = {"att_context_size": "causal_downsampling", "conv_norm_type": "conv_norm_type"}
-    elif kind == "rnnt_cache":
-        cases = (("att_context_size", [-1, 6]), ("conv_context_size", [4, 4]), ("conv_norm_type", "batch_norm"))
-        expected = {key: key for key, _ in cases}
-    else:
-        return  # the same rules; checked on the ctc, rnnt and rnnt_cache archives
-    for key, value in cases:
-        bad = _with_section(archive, tmp_path / f"{key}.nemo", "encoder", **{key: value})
-        with pytest.raises(UnsupportedConfigError, match=f"encoder.{expected[key]}="):
-            load_pretrained(bad)
+#: (archive kind, encoder key, value, the key the refusal names): on a full-context archive a limited context or
+#: causal subsampling makes it cache-aware, and then every cache-aware rule must hold; the other archives share
+#: these rules
+ENCODER_REFUSALS = (
+    ("ctc", "att_context_size", [[70, 13], [70, 1]], "causal_downsampling"),
+    ("ctc", "causal_downsampling", True, "att_context_style"),
+    ("ctc", "conv_context_size", "causal", "conv_context_size"),
+    ("ctc", "subsampling", "striding", "subsampling"),
+    ("ctc", "self_attention_model", "abs_pos", "self_attention_model"),
+    ("rnnt", "att_context_size", [70, 13], "causal_downsampling"),
+    ("rnnt", "conv_norm_type", "group_norm", "conv_norm_type"),
+    ("rnnt_cache", "att_context_size", [-1, 6], "att_context_size"),
+    ("rnnt_cache", "conv_context_size", [4, 4], "conv_context_size"),
+    ("rnnt_cache", "conv_norm_type", "batch_norm", "conv_norm_type"),
+)
+
+
+@pytest.mark.parametrize(("kind", "key", "value", "named"), ENCODER_REFUSALS)
+def test_what_the_encoders_do_not_compute_is_refused_by_name(build, tmp_path, kind, key, value, named):
+    _, archive, _ = build(kind)
+    bad = _with_section(archive, tmp_path / f"{key}.nemo", "encoder", **{key: value})
+    with pytest.raises(UnsupportedConfigError, match=f"encoder.{named}="):
+        load_pretrained(bad)
 
 
 def test_a_file_that_is_not_a_tar_archive_is_named(tmp_path):
@@ -434,14 +461,12 @@ def test_other_single_files_are_still_refused(tmp_path):
         load_pretrained(path)
 
 
-def test_cache_aware_archives_stream_as_they_decode_offline(built, loaded, speech):
+@pytest.mark.parametrize("kind", CACHE_AWARE)
+def test_cache_aware_archives_stream_as_they_decode_offline(kind, loaded, speech):
     """A cache-aware archive streamed at its trained chunk gives its offline ids (offline: NeMo's, tested
     above), greedily and, for TDT, with beam search too."""
     from oasr.engine.options import DecodingOptions
 
-    kind, _, _ = built
-    if kind not in CACHE_AWARE:
-        return  # only the cache-aware archives stream (checked when kind is rnnt_cache or tdt_cache)
     audios = [a for _, a in speech]
     offline = Engine(EngineConfig(max_batch_size=1), loaded=loaded)
     streaming = Engine(EngineConfig(service_mode="streaming"), loaded=loaded)
@@ -454,12 +479,11 @@ def test_cache_aware_archives_stream_as_they_decode_offline(built, loaded, speec
             assert (a.tokens, a.text, a.nbest) == (b.tokens, b.text, b.nbest)
 
 
-def test_the_cache_aware_mask_is_applied_offline(built, loaded):
+def test_the_cache_aware_mask_is_applied_offline(build, load):
     import attrs
 
-    kind, _, ref = built
-    if kind != "rnnt_cache":
-        return  # only the cache-aware archive has a trained mask (checked when kind == "rnnt_cache")
+    _, _, ref = build("rnnt_cache")
+    loaded = load("rnnt_cache")
     # att_context_size [14, 6]: 15-frame windows (the frame and 14 left), chunks of 7
     assert (loaded.config.sliding_window, loaded.config.num_lookahead_tokens) == (15, 6)
     # the same weights with one chunk over every clip (full attention) are far from NeMo's output
