@@ -135,15 +135,18 @@ class ServeProcess:
 
 
 @contextlib.contextmanager
-def oasr_serve_process(args: list[str], *, ready_seconds: float = 180.0) -> Iterator[ServeProcess]:
+def oasr_serve_process(args: list[str], *, ready_seconds: float = 180.0,
+                       command: list[str] | None = None) -> Iterator[ServeProcess]:
     """``oasr serve ARGS --port P`` in a subprocess on a free loopback port, yielded once ``/ready`` answers
-    200; stopped with SIGTERM afterwards, and its stderr must then carry no traceback."""
+    200; stopped with SIGTERM afterwards, and its stderr must then carry no traceback.  ``command`` replaces
+    ``python -m oasr.cli serve`` (ARGS follow it), e.g. an interpreter that registers a test plugin first."""
     import httpx
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "oasr.cli", "serve", *args, "--port", str(port)],
+    command = command or [sys.executable, "-m", "oasr.cli", "serve"]
+    proc = subprocess.Popen([*command, *args, "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     served = ServeProcess(proc, port)
     try:

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import httpx
 import openai
@@ -19,7 +18,16 @@ from oasr.serve.app import create_app
 from oasr.serve.settings import ServerSettings
 from tests.helpers import TINYCTC_SRC
 from tests.helpers import tinyctc_registered as tinyctc_block
-from tests.serve.harness import MODEL_NAME, WAIT, ServerThread, gated, serving, tinyctc_engine, wait_until
+from tests.serve.harness import (
+    MODEL_NAME,
+    WAIT,
+    ServerThread,
+    gated,
+    oasr_serve_process,
+    serving,
+    tinyctc_engine,
+    wait_until,
+)
 
 
 def post(server, audio: bytes, **kwargs) -> httpx.Response:
@@ -128,7 +136,9 @@ def test_readiness_follows_the_engine_loop(tmp_path):
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
 
 
-def _launch(args: list[str]) -> subprocess.Popen:
+def _tinyctc_serve() -> list[str]:
+    """``oasr serve`` in a fresh interpreter with the example plugin's tinyctc architecture registered; its
+    arguments follow."""
     code = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(TINYCTC_SRC)!r})
@@ -136,50 +146,32 @@ def _launch(args: list[str]) -> subprocess.Popen:
         register_model("tinyctc", "oasr_tinyctc.model:TinyCtcModel", "oasr_tinyctc.model:TinyCtcConfig",
                        "oasr_tinyctc.convert:TinyCtcConverter")
         from oasr.cli import main
-        sys.exit(main({["serve", *args]!r}))
+        sys.exit(main(["serve", *sys.argv[1:]]))
     """)
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return [sys.executable, "-c", code]
 
 
 @pytest.mark.slow
 def test_oasr_serve_command(ckpt_dir, reference, speech):
     """The real command: serves, answers the SDK, and shuts down cleanly on SIGTERM."""
     expected = reference.transcribe(speech)
-    port = _free_port()
-    proc = _launch(["--model", str(ckpt_dir), "--port", str(port), "--served-model-name", "tiny", "--api-key", "k",
-                    "--threads", "1", "--no-access-log", "--log-level", "warning"])
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.communicate()[1]
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "oasr serve did not become ready"
-            time.sleep(0.2)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0, timeout=WAIT)
+    with oasr_serve_process(["--model", str(ckpt_dir), "--served-model-name", "tiny", "--api-key", "k",
+                             "--threads", "1", "--no-access-log", "--log-level", "warning"],
+                            ready_seconds=120, command=_tinyctc_serve()) as served:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{served.port}/v1", api_key="k", max_retries=0,
+                               timeout=WAIT)
         assert [m.id for m in client.models.list()] == ["tiny"]
         assert client.audio.transcriptions.create(file=("a.wav", speech), model="tiny").text == expected
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=WAIT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     # uvicorn re-raises the signal once it has shut down, so the exit status is the usual one for SIGTERM
-    assert proc.returncode == -signal.SIGTERM and "Traceback" not in stderr, stderr
-    assert f"serving tiny (tinyctc, ctc, offline) on http://127.0.0.1:{port}/v1" in stderr
+    assert served.proc.returncode == -signal.SIGTERM, served.stderr
+    assert f"serving tiny (tinyctc, ctc, offline) on http://127.0.0.1:{served.port}/v1" in served.stderr
 
 
 def test_oasr_serve_refuses_a_bad_model_at_once(tmp_path):
-    proc = _launch(["--model", str(tmp_path / "nope"), "--port", str(_free_port())])
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([*_tinyctc_serve(), "--model", str(tmp_path / "nope"), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 2 and "oasr: error:" in stderr and "nope" in stderr
