@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from oasr_models_hf.whisper.config import WhisperGeneration
 from oasr_models_hf.whisper.model import WhisperDecoder, WhisperDecoderState
+from oasr_models_hf.whisper.screen import Screened, VocabScreen
 
 NEG_INF = float("-inf")
 
@@ -95,9 +96,10 @@ class LogitRules:
         return torch.tensor([t for t in ids if 0 <= t < self.vocab_size], dtype=torch.long, device=self.device)
 
     def apply(self, logits: torch.Tensor, generated: Sequence[list[int]], timestamps: Sequence[bool],
-              suppress: Sequence[tuple[int, ...] | None] | None = None) -> None:
+              suppress: Sequence[tuple[int, ...] | None] | None = None, *, outweigh: bool = True) -> None:
         """Filter ``logits`` (rows, V) in place; ``suppress`` per row: its own suppressed ids (None: the
-        checkpoint's)."""
+        checkpoint's).  ``outweigh=False`` applies only the masks (every rule but the value-dependent
+        "timestamps outweigh text"; :meth:`outweigh` applies that one)."""
         first = [j for j, seq in enumerate(generated) if not seq]
         if first:
             rows = torch.tensor(first, device=logits.device)
@@ -116,13 +118,12 @@ class LogitRules:
         ts_rows = [j for j, flag in enumerate(timestamps) if flag]
         if ts_rows:
             self._timestamp_rules(logits, ts_rows, generated)
+            if outweigh:
+                self.outweigh(logits, ts_rows)
 
     def _timestamp_rules(self, logits: torch.Tensor, rows: list[int], generated: Sequence[list[int]]) -> None:
-        """openai-whisper's ``ApplyTimestampRules`` on ``rows`` of ``logits``, in place.
-
-        Each rule fills a slice of a row (no vocabulary-wide masks); the last rule compares the
-        log-sum-exp of the timestamp logits with the best text logit, which is the comparison of
-        their log-probabilities (both sides carry the same normalizer)."""
+        """openai-whisper's ``ApplyTimestampRules`` on ``rows`` of ``logits``, in place, but the last
+        rule (:meth:`outweigh`).  Each rule fills a slice of a row (no vocabulary-wide masks)."""
         ts_begin, eot = self.ts_begin, self.eot
         logits[rows, self.no_timestamps] = NEG_INF
         for j in rows:
@@ -141,6 +142,11 @@ class LogitRules:
             stamp = next((t for t in reversed(seq) if t >= ts_begin), None)
             if stamp is not None:  # timestamps never decrease, and a segment has non-zero length
                 row[ts_begin:stamp if last and not penultimate else stamp + 1] = NEG_INF
+
+    def outweigh(self, logits: torch.Tensor, rows: list[int]) -> None:
+        """The last timestamp rule on ``rows``: text is masked where the log-sum-exp of the timestamp
+        logits exceeds the best text logit (their log-probabilities compared: the normalizer cancels)."""
+        ts_begin = self.ts_begin
         index = torch.tensor(rows, device=logits.device)
         sub = logits.index_select(0, index).float()
         ts_wins = sub[:, ts_begin:].logsumexp(dim=-1) > sub[:, :ts_begin].max(dim=-1).values
@@ -178,6 +184,33 @@ def _length_limit(task: WindowTask, n_ctx: int) -> int:
     return min(task.max_new_tokens, n_ctx + 1 - len(task.prompt))
 
 
+def _project(decoder: WhisperDecoder, screen: VocabScreen | None, state: WhisperDecoderState, feed: torch.Tensor
+             ) -> tuple[torch.Tensor, Screened | None]:
+    """One decoder step: fp32 logits, or (with a screen) its approximate logits and their bounds."""
+    if screen is None:
+        return decoder.step(state, feed).float(), None
+    screened = screen.project(decoder.step_hidden(state, feed))
+    return screened.logits, screened
+
+
+def _filter(decoder: WhisperDecoder, screen: VocabScreen | None, rules: LogitRules, logits: torch.Tensor,
+            screened: Screened | None, k: int, generated: Sequence[list[int]], timestamps: Sequence[bool],
+            suppress: Sequence[tuple[int, ...] | None]) -> torch.Tensor:
+    """The rules applied to a step's ``logits``.  Screened logits (``screened.logits is logits``): the
+    masks first, then the screen makes exact every logit the row's ``k`` best and the timestamp rule
+    can depend on, then that rule; the full fp32 product when too many would need recomputing."""
+    if screen is not None and screened is not None:
+        rules.apply(logits, generated, timestamps, suppress, outweigh=False)
+        if screen.resolve(screened, k, torch.tensor(list(timestamps), dtype=torch.bool, device=logits.device)):
+            ts_rows = [j for j, flag in enumerate(timestamps) if flag]
+            if ts_rows:
+                rules.outweigh(logits, ts_rows)
+            return logits
+        logits = decoder.logits(screened.hidden).float()
+    rules.apply(logits, generated, timestamps, suppress)
+    return logits
+
+
 def _select(logits: torch.Tensor, temperatures: list[float], generators: list[torch.Generator | None]
             ) -> torch.Tensor:
     """Greedy rows take the argmax; rows at a temperature draw from their own generator (rows sharing
@@ -200,6 +233,9 @@ def _greedy(decoder: WhisperDecoder, cross, tasks: list[WindowTask], rules: Logi
             device: torch.device, generator: torch.Generator | None) -> list[WindowResult]:
     state, logits, no_speech = _prefill(decoder, cross, tasks, gen.no_speech_id, device)
     n_ctx = decoder.max_positions
+    # sampled rows take the full product (their softmax needs every logit)
+    screen = decoder.vocab_screen(gen.eot_id) if all(t.temperature == 0 for t in tasks) else None
+    screened: Screened | None = None
     generated: list[list[int]] = [[] for _ in tasks]
     sum_lp = [0.0] * len(tasks)
     # ``rows``: the task of each batch row.  A finished row rides along (fed end-of-text) until a
@@ -209,9 +245,11 @@ def _greedy(decoder: WhisperDecoder, cross, tasks: list[WindowTask], rules: Logi
         state, logits = decoder.select(state, rows), logits[rows]
     live = list(range(len(rows)))  # batch positions still generating
     while live:
-        sub = logits if len(live) == len(rows) else logits[live]
-        rules.apply(sub, [generated[rows[j]] for j in live], [tasks[rows[j]].timestamps for j in live],
-                    [tasks[rows[j]].suppress for j in live])
+        if len(live) < len(rows) and screened is not None:
+            screened = screened.take(live)
+        sub = screened.logits if screened is not None else logits if len(live) == len(rows) else logits[live]
+        sub = _filter(decoder, screen, rules, sub, screened, 1, [generated[rows[j]] for j in live],
+                      [tasks[rows[j]].timestamps for j in live], [tasks[rows[j]].suppress for j in live])
         chosen = _select(sub, [tasks[rows[j]].temperature for j in live],
                          [tasks[rows[j]].generator or generator for j in live])
         logprobs = F.log_softmax(sub, dim=-1).gather(1, chosen[:, None])[:, 0]
@@ -236,7 +274,7 @@ def _greedy(decoder: WhisperDecoder, cross, tasks: list[WindowTask], rules: Logi
             rows = [rows[j] for j in still]
             still = list(range(len(rows)))
         live = still
-        logits = decoder.step(state, feed).float()
+        logits, screened = _project(decoder, screen, state, feed)
     results = []
     for i, task in enumerate(tasks):
         tokens = generated[i][:-1] if generated[i] and generated[i][-1] == gen.eot_id else generated[i]
@@ -272,10 +310,12 @@ def _beam(decoder: WhisperDecoder, cross, tasks: list[WindowTask], rules: LogitR
     sums: list[list[float]] = [[0.0] * beam for _ in tasks]
     finished: list[dict[tuple[int, ...], float]] = [{} for _ in tasks]
     max_candidates = [max(1, round(beam * t.patience)) for t in tasks]
+    screen, screened = decoder.vocab_screen(eot), None
     while alive:
         generated = [list(beams[i][b]) for i in alive for b in range(beam)]
-        rules.apply(logits, generated, [tasks[i].timestamps for i in alive for _ in range(beam)],
-                    [tasks[i].suppress for i in alive for _ in range(beam)])
+        logits = _filter(decoder, screen, rules, logits, screened, beam + 1, generated,
+                         [tasks[i].timestamps for i in alive for _ in range(beam)],
+                         [tasks[i].suppress for i in alive for _ in range(beam)])
         top_lp, top_ids = F.log_softmax(logits, dim=-1).topk(beam + 1, dim=-1)
         top_lp, top_ids = top_lp.tolist(), top_ids.tolist()
         sources, next_tokens, still = [], [], []
@@ -312,7 +352,7 @@ def _beam(decoder: WhisperDecoder, cross, tasks: list[WindowTask], rules: LogitR
         if not alive:
             break
         state = decoder.select(state, sources)
-        logits = decoder.step(state, torch.tensor(next_tokens, device=device)).float()
+        logits, screened = _project(decoder, screen, state, torch.tensor(next_tokens, device=device))
     results = []
     for i, task in enumerate(tasks):
         pool = finished[i]

@@ -1,0 +1,234 @@
+"""The int8-screened vocabulary projection (oasr_models_hf.whisper.screen): its error bound holds on every
+logit, its decisions are the fp32 product's (greedy with and without timestamp rules, openai-style beam
+search), on the tiny random Whisper transformers builds and on the trained tiny.en, and it falls back to
+the full product when too many logits would need recomputing.  The adversarial table shows that a bound
+half as wide, or candidates left unrecomputed, decide wrongly."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from oasr.decoding.strategy import DecodeBatch
+from oasr.engine.options import DecodingOptions
+from oasr_models_hf.whisper import screen as screen_mod
+from oasr_models_hf.whisper.screen import VocabScreen, accumulates_exactly
+from oasr_models_hf.whisper.search import WindowTask, search_windows
+
+
+@pytest.fixture
+def count_resolves(monkeypatch):
+    """Records what each VocabScreen.resolve returned (True: screened, False: full product)."""
+    seen: list[bool] = []
+    original = VocabScreen.resolve
+
+    def spy(self, screened, k, text_max=None):
+        out = original(self, screened, k, text_max)
+        seen.append(out)
+        return out
+
+    monkeypatch.setattr(VocabScreen, "resolve", spy)
+    return seen
+
+
+def _screen_of(model, eot: int) -> VocabScreen:
+    decoder = copy.copy(model.decoder)
+    decoder.screen_vocabulary = True
+    screen = decoder.vocab_screen(eot)
+    assert screen is not None, "no screen on this CPU (fbgemm missing or its int8 product saturates)"
+    return screen
+
+
+def _hidden_rows(dim: int, seed: int) -> list[torch.Tensor]:
+    """Blocks of 1 and 4 rows at three scales, some with outlier channels (as final-norm outputs have)."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks = []
+    for scale in (0.05, 1.0, 8.0):
+        for rows in (1, 4):
+            for _ in range(4):
+                h = torch.randn(rows, dim, generator=gen) * scale
+                h[:, torch.randint(0, dim, (3,), generator=gen)] *= 12
+                blocks.append(h)
+    return blocks
+
+
+def _assert_bound_holds(screen: VocabScreen) -> None:
+    cut = screen.exact_from
+    table64 = screen.table[:cut].double()
+    worst = 0.0
+    for h in _hidden_rows(screen.table.shape[1], seed=cut):
+        screened = screen.project(h)
+        radius = screen._radius(screened).double()
+        approx = screened.logits[:, :cut].double()
+        real = h.double() @ table64.t()
+        fp32 = F.linear(h, screen.table[:cut]).double()
+        for value in (real, fp32):
+            err = (value - approx).abs()
+            assert bool((err <= radius).all()), f"bound broken by {float((err - radius).max())}"
+            worst = max(worst, float((err / radius).max()))
+    assert worst > 0.01, "the bound never came near the actual error: the check compares nothing"
+
+
+def test_bound_holds_on_every_logit_tiny_random(tiny):
+    _assert_bound_holds(_screen_of(tiny.model, tiny.config.generation.eot_id))
+
+
+def test_bound_holds_on_every_logit_tiny_en(tiny_en):
+    loaded, _ = tiny_en
+    _assert_bound_holds(_screen_of(loaded.model, loaded.model.config.generation.eot_id))
+
+
+def test_fbgemm_int32_sums_are_exact_on_the_path_used(tiny):
+    """The worst case for 16-bit pair sums (top-of-grid activations, +-127 weights) comes out exact with
+    the activation range the screen chose (8 bits where VNNI sums in int32, else 7)."""
+    screen = _screen_of(tiny.model, tiny.config.generation.eot_id)
+    assert accumulates_exactly(screen.reduce_range, screen.table.shape[1])
+    assert accumulates_exactly(True, screen.table.shape[1])  # 7-bit activations never saturate
+
+
+def _adversarial(dim: int = 64, text: int = 32, tail: int = 4):
+    """A table whose row 0 rounds to int8 0.49 steps short on every entry, all against ``h``, so the
+    int8 product ranks row 1 (on the grid, truly a little lower) above it; the other rows are far lower."""
+    gen = torch.Generator().manual_seed(0)
+    step = 0.01
+    sign = torch.where(torch.arange(dim) % 3 == 0, -1.0, 1.0)
+    sign[0] = 1.0
+    q = torch.randint(-3, 4, (text + tail, dim), generator=gen).float()
+    q[:, 0] = 127.0  # every row's int8 scale is ``step``
+    table = q * step
+    table[0, 1:] = 3.49 * step * sign[1:]  # int8: 3 steps, 0.49 short of the truth on each entry
+    table[1, 1:] = 3.0 * step * sign[1:]  # on the grid ...
+    table[1, 1] += 25 * step * sign[1]  # ... and above row 0's int8 value, below its true value
+    h = sign[None, :].clone()
+    exact = (h.double() @ table.double().t())[0]
+    return table, h, exact, text
+
+
+def test_adversarial_table_decides_exactly_and_the_bound_is_needed(monkeypatch):
+    table, h, exact, cut = _adversarial()
+    screen = VocabScreen.build(table, cut)
+    assert screen is not None
+    truth = int(exact[:cut].argmax())
+    approx = screen.project(h).logits
+    assert int(approx[0, :cut].argmax()) != truth, "the int8 product already ranks right: nothing is tested"
+
+    def decide(s: VocabScreen) -> int:
+        screened = s.project(h)
+        assert s.resolve(screened, 1, torch.tensor([True]))
+        return int(screened.logits[0, :cut].argmax())
+
+    assert decide(screen) == truth
+    # a bound half as wide misses the true winner
+    halved = copy.copy(screen)
+    halved.w_norm, halved.w_err = screen.w_norm / 2, screen.w_err / 2
+    halved.w_norm_max, halved.w_err_max = screen.w_norm_max / 2, screen.w_err_max / 2
+    assert decide(halved) != truth
+    # candidates left at their int8 values (the "recomputation" reads the int8 table) decide wrongly
+    lazy = copy.copy(screen)
+    lazy.table = (torch.clamp(torch.round(table / (table.abs().amax(1, keepdim=True) / 127)), -127, 127)
+                  * (table.abs().amax(1, keepdim=True) / 127))
+    assert decide(lazy) != truth
+
+
+def _tasks(prompt, timestamps, n, beam=None, max_new=40):
+    return [WindowTask(prompt=prompt, sot_index=0, timestamps=timestamps, beam_size=beam, max_new_tokens=max_new)
+            for _ in range(n)]
+
+
+def _search_both(model, cross, tasks, gen):
+    decoder = model.decoder
+    plain = search_windows(decoder, cross[0], cross[1], tasks, gen)
+    screened_decoder = copy.copy(decoder)
+    screened_decoder.screen_vocabulary = True
+    screened = search_windows(screened_decoder, cross[0], cross[1], tasks, gen)
+    return plain, screened
+
+
+@pytest.mark.parametrize("timestamps", [True, False])
+def test_tiny_random_screened_greedy_equals_plain(tiny, chirp_features, count_resolves, timestamps):
+    model, gen = tiny.model, tiny.config.generation
+    prompt = [gen.sot_id, 50259, gen.transcribe_id] + ([] if timestamps else [gen.no_timestamps_id])
+    with torch.no_grad():
+        enc, _ = model.encode_offline(chirp_features.transpose(1, 2))
+        cross = model.decoder.cross_kv(enc)
+        for rows in (slice(0, 1), slice(0, 6)):  # one row (a matrix-vector product) and a batch
+            part = ([k[rows] for k in cross[0]], [v[rows] for v in cross[1]])
+            tasks = _tasks(prompt, timestamps, part[0][0].shape[0])
+            plain, screened = _search_both(model, part, tasks, gen)
+            assert [r.tokens for r in screened] == [r.tokens for r in plain]
+            assert sum(len(r.tokens) for r in plain) >= 20 * len(plain)
+    assert count_resolves.count(True) >= 20, f"the screen decided only {count_resolves.count(True)} steps"
+
+
+def _decode(strategy, clips, options, screened: bool, monkeypatch):
+    monkeypatch.setattr(strategy.ctx.model.decoder, "screen_vocabulary", screened, raising=False)
+    out = []
+    for clip in clips:
+        batch = DecodeBatch(request_ids=["0"], options=[options], waveforms=[torch.from_numpy(clip)])
+        out.append(strategy.decode(batch)[0])
+    return out
+
+
+@pytest.mark.parametrize("options", [DecodingOptions(temperature=0.0),
+                                     DecodingOptions(temperature=0.0, without_timestamps=True),
+                                     DecodingOptions(temperature=0.0, beam_size=5)],
+                         ids=["greedy-timestamps", "greedy", "beam5"])
+def test_tiny_en_screened_tokens_equal_plain(tiny_en_strategy, beckett, sample_wav, count_resolves, monkeypatch,
+                                             options):
+    clips = [beckett, sample_wav]
+    plain = _decode(tiny_en_strategy, clips, options, False, monkeypatch)
+    assert not count_resolves
+    screened = _decode(tiny_en_strategy, clips, options, True, monkeypatch)
+    assert [o.tokens for o in screened] == [o.tokens for o in plain]
+    assert sum(len(o.tokens) for o in plain) >= 90
+    assert count_resolves.count(True) >= 20, f"the screen decided only {count_resolves.count(True)} steps"
+    if options.beam_size is None:  # greedy: the full product is the exception
+        assert count_resolves.count(True) >= 0.9 * len(count_resolves)
+
+
+def test_fallback_to_the_full_product(tiny_en_strategy, beckett, count_resolves, monkeypatch):
+    """With no room for recomputed rows every step takes the full product, and the tokens stay the same."""
+    options = DecodingOptions(temperature=0.0)
+    plain = _decode(tiny_en_strategy, [beckett], options, False, monkeypatch)
+    monkeypatch.setattr(screen_mod, "MAX_EXACT", -1)  # even a step with no candidate falls back
+    fallen = _decode(tiny_en_strategy, [beckett], options, True, monkeypatch)
+    assert fallen[0].tokens == plain[0].tokens
+    assert count_resolves and not any(count_resolves)
+
+
+def test_resolve_refuses_a_degenerate_row(tiny):
+    """An all-zero hidden row (fbgemm then picks its own grid) and a row whose k best are masked
+    fall back instead of guessing."""
+    screen = _screen_of(tiny.model, tiny.config.generation.eot_id)
+    dim = screen.table.shape[1]
+    assert not screen.resolve(screen.project(torch.zeros(1, dim)), 1)
+    screened = screen.project(torch.randn(1, dim))
+    screened.logits[0, 3:screen.exact_from] = float("-inf")
+    assert not screen.resolve(screened, 6)
+
+
+def test_int8_model_screen_decides_on_the_fp32_table(tiny_en):
+    """With the int8 model's own output projection as the screen, the resolved argmax and top-6 are
+    those of the fp32 embedding table, which the int8 product alone misses on some rows."""
+    from oasr.layers.quant import quantize_model_int8
+
+    loaded, _ = tiny_en
+    model = copy.deepcopy(loaded.model)
+    quantize_model_int8(model)
+    eot = model.config.generation.eot_id
+    screen = _screen_of(model, eot)
+    table = loaded.model.decoder.embed_tokens.weight
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(64, table.shape[1], generator=gen) * 8
+    int8_wrong = 0
+    for h in hidden.split(1):
+        exact = F.linear(h, table)
+        screened = screen.project(h)
+        int8_wrong += int(screened.logits.argmax()) != int(exact.argmax())
+        if screen.resolve(screened, 6):
+            assert torch.equal(screened.logits.topk(6).indices, exact.topk(6).indices)
+            assert torch.allclose(screened.logits.topk(6).values, exact.topk(6).values, atol=1e-4)
+    assert int8_wrong >= 1, "the int8 product ranks every row right: nothing is tested"
