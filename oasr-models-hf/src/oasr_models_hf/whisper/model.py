@@ -53,6 +53,9 @@ _ATTN_BIAS = (True, False, True, True)  # Whisper's k_proj has no bias
 RESCORED_TOP = 8
 #: the most q/k/v weights of one layer that WhisperDecoder._self_qkv keeps a stacked copy of (3 x 512²)
 _STACK_QKV_MAX = 3 * 512 * 512
+#: the fewest rows a decoder layer runs its linears prepacked at: at one row MKL's matrix-vector
+#: product beats oneDNN's (17 vs 25-30 µs per 384 x 384 call, hot, one thread)
+_PACKED_MIN_ROWS = 2
 
 
 class WhisperEncoderLayer(nn.Module):
@@ -268,22 +271,64 @@ class WhisperDecoder(nn.Module):
         """Cross-attention keys (N, H, Dh, S), already transposed for the score product, and values
         (N, H, S, Dh) of every layer for encoder output (N, S, D): computed once per request."""
         ks, vs = [], []
+        block = enc_out.shape[1] if enc_out.dim() == 3 else packed.BLOCK_ROWS  # one block per window
         for layer in self.layers:
-            ks.append(layer.encoder_attn.project(enc_out, 1).transpose(-1, -2).contiguous())
-            vs.append(layer.encoder_attn.project(enc_out, 2).contiguous())
+            attn = layer.encoder_attn
+            pair = (getattr(attn, attn.names[1]), getattr(attn, attn.names[2]))
+            if packed.fusable(pair, enc_out):  # k and v as one prepacked GEMM
+                kv = packed.blocked(lambda rows, pair=pair: packed.linear_group(pair, rows), enc_out,
+                                    block_rows=block)
+                k, v = (split_heads(t, attn.n_heads) for t in kv.chunk(2, dim=-1))
+            else:
+                k, v = attn.project(enc_out, 1), attn.project(enc_out, 2)
+            ks.append(k.transpose(-1, -2).contiguous())
+            vs.append(v.contiguous())
         return ks, vs
 
     # -- the shared layer computation -------------------------------------------------------------------
-    def _self_qkv(self, sa: MultiHeadAttention, h: torch.Tensor
+    def _packed_layer(self, layer: WhisperDecoderLayer, x: torch.Tensor) -> bool:
+        """Whether ``layer``'s linears run on the prepacked path at any row count (a decode step's few
+        rows included: fp32 linears, CPU inference, a small decoder as for the stacked q/k/v below)."""
+        sa, ca = layer.self_attn, layer.encoder_attn
+        linears = [getattr(sa, name) for name in sa.names] + [getattr(ca, ca.names[0]), getattr(ca, ca.names[3]),
+                                                              layer.fc1, layer.fc2]
+        return (packed.fusable(linears, x, min_rows=_PACKED_MIN_ROWS)
+                and sum(p.weight.numel() for p in linears[:3]) <= _STACK_QKV_MAX)
+
+    @staticmethod
+    def _project_add(proj: Linear, merged: torch.Tensor, x: torch.Tensor, norm: LayerNorm, fast: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(x + proj(merged)), x + proj(merged))``, the add fused into the GEMM when ``fast``."""
+        if not fast:
+            return norm.add_forward(proj(merged), x)
+        x = packed.blocked(lambda rows, res: packed.linear_add(proj, rows, res, min_rows=1), merged, x, few=True)
+        return norm(x), x
+
+    @staticmethod
+    def _mlp_add(layer: WhisperDecoderLayer, h: torch.Tensor, x: torch.Tensor, fast: bool) -> torch.Tensor:
+        if not fast:
+            return x + layer.fc2(layer.fc1(h))
+
+        def mlp(rows: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
+            hidden = packed.linear(layer.fc1, rows, layer.fc1.activation, min_rows=1)
+            return packed.linear_add(layer.fc2, hidden, res, min_rows=1)
+
+        return packed.blocked(mlp, h, x, few=True)
+
+    def _self_qkv(self, sa: MultiHeadAttention, h: torch.Tensor, fast: bool = False
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Self-attention q, k, v (B, H, L, Dh) of ``h``: one GEMM over the three floating-point
-        projections stacked, or three calls when any of them is int8 or the model is large.
+        projections stacked (prepacked when ``fast``), or three calls when any of them is int8 or the
+        model is large.
 
         The stacked copy is kept for models up to ``_STACK_QKV_MAX`` weights per layer (tiny, base):
         there a decode step's linears are small and each call's fixed cost counts (measured on
         tiny.en, one thread: 3-5 % of a greedy token); in larger models the GEMMs dominate and the
         copy would only cost memory."""
         projections = [getattr(sa, name) for name in sa.names[:3]]
+        if fast:
+            qkv = packed.blocked(lambda rows: packed.linear_group(projections, rows, min_rows=1), h, few=True)
+            return tuple(split_heads(t, self.n_heads) for t in qkv.chunk(3, dim=-1))
         if (any(p._int8 is not None for p in projections)
                 or sum(p.weight.numel() for p in projections) > _STACK_QKV_MAX):
             return sa.project(h, 0), sa.project(h, 1), sa.project(h, 2)
@@ -310,9 +355,15 @@ class WhisperDecoder(nn.Module):
     # A decode step has one query per row: explicit matmuls over the stored (transposed) keys beat the
     # fused attention kernel there, whose blocking is made for long query runs.
     def _cross(self, layer: WhisperDecoderLayer, i: int, h: torch.Tensor, state: WhisperDecoderState,
-               capture: list[int] | None, max_frames: int | None, captured: list[torch.Tensor]) -> torch.Tensor:
+               capture: list[int] | None, max_frames: int | None, captured: list[torch.Tensor],
+               fast: bool = False) -> torch.Tensor:
+        """Cross-attention of queries from ``h`` (B, L, D), heads merged (B, L, D) before ``out_proj``."""
         attn = layer.encoder_attn
-        q = attn.project(h, 0)  # (B, H, L, Dh)
+        if fast:
+            q = split_heads(packed.blocked(lambda rows: packed.linear(getattr(attn, attn.names[0]), rows, min_rows=1),
+                                           h, few=True), attn.n_heads)
+        else:
+            q = attn.project(h, 0)  # (B, H, L, Dh)
         k_t, v = state.cross_k[i], state.cross_v[i]
         b, heads, lq, dh = q.shape
         g = state.cross_group
@@ -330,8 +381,7 @@ class WhisperDecoder(nn.Module):
             if max_frames is not None:
                 selected = selected[..., :max_frames]
             captured.append(selected.float().softmax(dim=-1))
-        out = per_row(torch.matmul(scores.softmax(dim=-1), v))
-        return getattr(attn, attn.names[3])(merge_heads(out))
+        return merge_heads(per_row(torch.matmul(scores.softmax(dim=-1), v)))
 
     def _run_layers(self, x: torch.Tensor, state: WhisperDecoderState, write_pos: torch.Tensor | None, *,
                     capture: dict[int, list[int]] | None = None, max_frames: int | None = None,
@@ -347,9 +397,10 @@ class WhisperDecoder(nn.Module):
             key_mask = None if state.uniform_length is not None else \
                 (torch.arange(span, device=x.device)[None, :] > write_pos[:, None])[:, None, None, :]
         for i, layer in enumerate(self.layers):
-            sa = layer.self_attn
+            sa, ca = layer.self_attn, layer.encoder_attn
+            fast = self._packed_layer(layer, x)
             h = layer.self_attn_layer_norm(x)
-            q, k, v = self._self_qkv(sa, h)
+            q, k, v = self._self_qkv(sa, h, fast)
             kbuf, vbuf = state.self_k[i], state.self_v[i]
             if write_pos is None:
                 length = q.shape[2]
@@ -367,12 +418,11 @@ class WhisperDecoder(nn.Module):
                 if key_mask is not None:
                     scores = scores.masked_fill(key_mask, float("-inf"))
                 out = torch.matmul(scores.softmax(dim=-1), vbuf[:, :, :span])
-            attn_out = getattr(sa, sa.names[3])(merge_heads(out))
-            h, x = layer.encoder_attn_layer_norm.add_forward(attn_out, x)
+            h, x = self._project_add(getattr(sa, sa.names[3]), merge_heads(out), x, layer.encoder_attn_layer_norm, fast)
             layer_capture = None if capture is None else capture.get(i)
-            cross_out = self._cross(layer, i, h, state, layer_capture, max_frames, captured)
-            h, x = layer.final_layer_norm.add_forward(cross_out, x)
-            x = x + layer.fc2(layer.fc1(h))
+            cross = self._cross(layer, i, h, state, layer_capture, max_frames, captured, fast)
+            h, x = self._project_add(getattr(ca, ca.names[3]), cross, x, layer.final_layer_norm, fast)
+            x = self._mlp_add(layer, h, x, fast)
         return self.layer_norm(x)
 
     def _new_state(self, enc_out: torch.Tensor | tuple[list[torch.Tensor], list[torch.Tensor]], batch: int,
