@@ -14,7 +14,7 @@ its own head (a CTC projection, a predictor and joiner, ...).  The executor know
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -134,6 +134,13 @@ class DecodeStrategy:
                 request_id=request_id,
                 param=unsupported[0],
             )
+
+    def plan_options(self, options: DecodingOptions, pieces: Iterable[torch.Tensor]) -> DecodingOptions:
+        """The options every piece of one long-form request is decoded with, given the pieces' audio in
+        order (each made as it is iterated); called once per request at admission.  Default: the request's
+        own.  A family that decides something once per request rather than per piece (its language)
+        returns the options with it set."""
+        return options
 
     def decode(self, batch: DecodeBatch) -> list[Hypothesis | BaseException]:
         raise NotImplementedError

@@ -227,6 +227,9 @@ class Engine:
             self.check_duration(duration, request_id)
         elif self.config.max_audio_seconds is not None and duration > self.config.max_audio_seconds:
             self.check_duration(duration, request_id)
+        if plan is not None and plan.pieces:
+            options = self.strategy.plan_options(
+                options, (self.long_form.piece_audio(samples, plan, piece) for piece in plan.pieces))
         request = Request(request_id, samples, options, priority, time.monotonic(), 0, self._cost(samples.numel()),
                           duration, callback, plan=plan)
         return request

@@ -6,9 +6,11 @@ decoded once, on its own, as faster-whisper's batched pipeline decodes it:
 
 - features: the log-mel of the chunk alone (160 zero samples appended, normalised over the chunk),
   its last frame dropped, zero-padded to the 30 s window;
+- language: on a multilingual checkpoint, when not given, detected once per request
+  (:func:`request_language`, at admission) over the first window of its chunks' features joined in
+  order, as the pipeline detects it; a chunk decoded outside the engine without one detects its own;
 - prompt: ``<|startofprev|>`` and the ``initial_prompt`` tokens (encoded as given, no leading space)
-  when there is one, the SOT sequence (language detected per chunk on multilingual checkpoints when
-  not given), and ``<|notimestamps|>`` unless ``without_timestamps=False``;
+  when there is one, the SOT sequence, and ``<|notimestamps|>`` unless ``without_timestamps=False``;
 - search: the first temperature of the schedule only (greedy or beam at 0), no fallback, no
   no-speech skipping, no previous text; at most the text context's positions (CTranslate2's
   ``max_length``) unless ``max_new_tokens`` says fewer;
@@ -22,6 +24,7 @@ Times are relative to the chunk; the planner shifts and maps them to the origina
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -52,10 +55,38 @@ def check_options(options: DecodingOptions, request_id: str | None = None) -> No
                                param=name)
 
 
+#: the log-mel frame the batched pipeline appends to the joined features before detecting the language
+#: (its stand-in for a request without speech); it is inside the detected window when the speech is shorter
+EMPTY_FRAME_VALUE = -1.5
+
+
+def _unpadded_features(wave: torch.Tensor, n_mels: int) -> torch.Tensor:
+    return log_mel(wave.reshape(-1).float(), n_mels, padding_samples=HOP_LENGTH)[:, :-1]
+
+
 def chunk_features(wave: torch.Tensor, n_mels: int, window: int) -> torch.Tensor:
     """(n_mels, window) features of one chunk, as the batched pipeline builds them."""
-    mel = log_mel(wave.reshape(-1).float(), n_mels, padding_samples=HOP_LENGTH)[:, :-1][:, :window]
+    mel = _unpadded_features(wave, n_mels)[:, :window]
     return torch.nn.functional.pad(mel, (0, window - mel.shape[-1]))
+
+
+def request_language(transcriber: Transcriber, chunks: Iterable[torch.Tensor]) -> str:
+    """The language of one batched long-form request, detected once as the batched pipeline detects it:
+    every chunk's features (as :func:`chunk_features` makes them, unpadded) joined in order, one frame of
+    ``EMPTY_FRAME_VALUE`` appended, the first window of that zero-padded to the window."""
+    model = transcriber.model
+    device = next(model.parameters()).device
+    window, n_mels = transcriber.window, model.config.num_mel_bins
+    parts, frames = [], 0
+    for wave in chunks:
+        if frames >= window:
+            break
+        parts.append(_unpadded_features(wave.to(device), n_mels))
+        frames += parts[-1].shape[-1]
+    parts.append(torch.full((n_mels, 1), EMPTY_FRAME_VALUE, device=device))
+    mel = torch.cat(parts, dim=-1)[:, :window]
+    mel = torch.nn.functional.pad(mel, (0, window - mel.shape[-1]))
+    return transcriber.detect_language(mel[None])[0][0]
 
 
 def decode_chunks(transcriber: Transcriber, waveforms: list[torch.Tensor],

@@ -17,7 +17,9 @@ A request with ``batched`` is a chunk of batched long-form, decoded as faster-wh
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
+import attrs
 import torch
 
 from oasr.decoding.strategy import DecodeBatch, DecodeContext, DecodeStrategy
@@ -111,6 +113,16 @@ class AedDecodeStrategy(DecodeStrategy):
         if options.max_new_tokens is not None and options.max_new_tokens > limit:
             refuse(f"max_new_tokens={options.max_new_tokens} exceeds Whisper's {limit} tokens per window",
                    "max_new_tokens")
+
+    def plan_options(self, options: DecodingOptions, pieces: Iterable[torch.Tensor]) -> DecodingOptions:
+        """Batched long-form on a multilingual checkpoint without a language: the language detected once
+        for the request's chunks (faster-whisper's batched pipeline), so every chunk is decoded in it."""
+        if not options.batched or options.language is not None or not self.gen.is_multilingual:
+            return options
+        from oasr_models_hf.whisper.batched import request_language
+
+        with torch.inference_mode():
+            return attrs.evolve(options, language=request_language(self.transcriber, pieces))
 
     def log_mels(self, waveforms: list[torch.Tensor]) -> list[torch.Tensor]:
         """Per request: the log-mel (n_mels, frames) of its audio followed by 30 s of silence (the
