@@ -31,7 +31,27 @@ class CtcHead(nn.Module):
         self.ctc_lo = layers.CtcProjection(d_model, vocab_size)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return packed.blocked(lambda rows: torch.log_softmax(packed.linear(self.ctc_lo, rows).float(), dim=-1), hidden)
+        if not packed.fusable((self.ctc_lo,), hidden):
+            return packed.blocked(lambda rows: torch.log_softmax(packed.linear(self.ctc_lo, rows).float(), dim=-1),
+                                  hidden)
+        return self._forward_blocks(hidden)
+
+    def _forward_blocks(self, hidden: torch.Tensor) -> torch.Tensor:
+        """CPU fp32 inference: the logits of ``packed.BLOCK_ROWS`` rows at a time (the last block padded
+        to a multiple of ``packed.MIN_ROWS``, the GEMM shapes :func:`packed.blocked` uses), each block's
+        log-softmax written straight into its rows of the one (rows, V) output — no concatenation, and
+        one vocabulary-wide allocation instead of two."""
+        lead, width = hidden.shape[:-1], hidden.size(-1)
+        flat = hidden.reshape(-1, width)
+        rows = flat.size(0)
+        out = flat.new_empty(rows, self.ctc_lo.out_features)
+        for start in range(0, rows, packed.BLOCK_ROWS):
+            stop = min(start + packed.BLOCK_ROWS, rows)
+            part = flat[start:stop]
+            pad = -(stop - start) % packed.MIN_ROWS
+            logits = packed.linear(self.ctc_lo, torch.nn.functional.pad(part, (0, 0, 0, pad)) if pad else part)
+            torch._log_softmax(logits[:stop - start], -1, False, out=out[start:stop])
+        return out.reshape(*lead, out.size(-1))
 
 
 @attrs.define
