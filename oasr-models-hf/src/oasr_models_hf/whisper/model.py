@@ -31,9 +31,7 @@ from torch import nn
 
 from oasr.errors import CapabilityError, CheckpointFormatError
 from oasr.layers import (
-    Conv1d,
     Embedding,
-    Gelu,
     LayerNorm,
     Linear,
     LinearActivation,
@@ -43,12 +41,13 @@ from oasr.layers import (
     packed,
     split_heads,
 )
-from oasr.models.base import BaseAsrModel, BaseEncoder
+from oasr.models.base import BaseAsrModel
 from oasr.models.specs import LoadReport, QuantLayout, SmoothGroup
 from oasr_models_hf.whisper.config import WhisperConfig
+from oasr_models_hf.whisper.encoder import ATTN_BIAS as _ATTN_BIAS
+from oasr_models_hf.whisper.encoder import WhisperEncoder
 from oasr_models_hf.whisper.screen import VocabScreen
 
-_ATTN_BIAS = (True, False, True, True)  # Whisper's k_proj has no bias
 #: logits of an int8 output projection recomputed in floating point per row (see WhisperDecoder.logits)
 RESCORED_TOP = 8
 #: the most q/k/v weights of one layer that WhisperDecoder._self_qkv keeps a stacked copy of (3 x 512²)
@@ -56,82 +55,6 @@ _STACK_QKV_MAX = 3 * 512 * 512
 #: the fewest rows a decoder layer runs its linears prepacked at: at one row MKL's matrix-vector
 #: product beats oneDNN's (17 vs 25-30 µs per 384 x 384 call, hot, one thread)
 _PACKED_MIN_ROWS = 2
-
-
-class WhisperEncoderLayer(nn.Module):
-    def __init__(self, d_model: int, heads: int, ffn_dim: int):
-        super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, heads, bias=_ATTN_BIAS)
-        self.self_attn_layer_norm = LayerNorm(d_model)
-        self.fc1 = LinearActivation(d_model, ffn_dim, "gelu")
-        self.fc2 = Linear(ffn_dim, d_model)
-        self.final_layer_norm = LayerNorm(d_model)
-
-    def forward(self, x: torch.Tensor, block_rows: int = packed.BLOCK_ROWS) -> torch.Tensor:
-        """Pre-norm self-attention then MLP, each with its residual.  On the CPU fast path
-        (:mod:`oasr.layers.packed`: fp32 linears, inference) q/k/v run as one prepacked GEMM, fc1's
-        exact GELU and the residual adds of ``out_proj`` and ``fc2`` are GEMM epilogues, over blocks of
-        ``block_rows`` frames; otherwise (an int8 linear among them, autograd, not the CPU) the
-        reference ops run."""
-        sa = self.self_attn
-        group = tuple(getattr(sa, name) for name in sa.names[:3])
-        out_proj = getattr(sa, sa.names[3])
-        if not packed.fusable((*group, out_proj, self.fc1, self.fc2), x):
-            attn = sa(self.self_attn_layer_norm(x))
-            normed, x = self.final_layer_norm.add_forward(attn, x)
-            return x + self.fc2(self.fc1(normed))
-        qkv = packed.blocked(lambda rows: packed.linear_group(group, rows), self.self_attn_layer_norm(x),
-                             block_rows=block_rows)
-        q, k, v = (split_heads(t, sa.n_heads) for t in qkv.chunk(3, dim=-1))
-        out = merge_heads(F.scaled_dot_product_attention(q, k, v, scale=sa.core.scale))
-        x = packed.blocked(lambda rows, res: packed.linear_add(out_proj, rows, res), out, x, block_rows=block_rows)
-
-        def mlp(rows: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
-            return packed.linear_add(self.fc2, packed.linear(self.fc1, rows, self.fc1.activation), res)
-
-        return packed.blocked(mlp, self.final_layer_norm(x), x, block_rows=block_rows)
-
-
-class WhisperEncoder(BaseEncoder):
-    """Log-mel (B, T, n_mels) → hidden (B, T/2, d_model); T is at most one 30 s window."""
-
-    streaming_kind = "none"
-    subsampling_rate = 2
-
-    def __init__(self, config: WhisperConfig):
-        super().__init__()
-        d = config.d_model
-        self.conv1 = Conv1d(config.num_mel_bins, d, 3, padding=1)
-        self.conv2 = Conv1d(d, d, 3, stride=2, padding=1)
-        self.act = Gelu()
-        self.embed_positions = Embedding(config.max_source_positions, d)
-        self.layers = nn.ModuleList(
-            WhisperEncoderLayer(d, config.encoder_attention_heads, config.encoder_ffn_dim)
-            for _ in range(config.encoder_layers)
-        )
-        self.layer_norm = LayerNorm(d)
-        self._d_model = d
-
-    @property
-    def output_size(self) -> int:
-        return self._d_model
-
-    def forward(self, feats: torch.Tensor) -> torch.Tensor:
-        """The two convolutions with their GELU fused (:func:`oasr.layers.packed.conv1d`), positions, layers."""
-        act = self.act.name
-        x = packed.conv1d(self.conv2, packed.conv1d(self.conv1, feats.transpose(1, 2), act), act).transpose(1, 2)
-        n_pos = self.embed_positions.num_embeddings
-        if x.shape[1] > n_pos:
-            raise CapabilityError(
-                f"Whisper encoder input has {feats.shape[1]} frames; one window holds at most {2 * n_pos} "
-                f"(30 s). Longer audio is decoded in windows by the aed strategy."
-            )
-        x = x + self.embed_positions.weight[: x.shape[1]].to(x.dtype)
-        # a full window's frames are one GEMM block: every window runs the same shapes
-        block = x.shape[1] if x.shape[1] == n_pos else packed.BLOCK_ROWS
-        for layer in self.layers:
-            x = layer(x, block)
-        return self.layer_norm(x)
 
 
 class WhisperDecoderLayer(nn.Module):
@@ -192,8 +115,12 @@ class WhisperDecoder(nn.Module):
     #: decoder K/V are dense per-row buffers (no paged pool), so steps are not graph-capturable
     supports_paged_kv = False
     supports_step_graphs = False
-    #: the search's greedy and beam steps project through :meth:`vocab_screen` (exact decisions)
-    screen_vocabulary = False
+    #: the search's greedy and beam steps project an fp32 table through :meth:`vocab_screen` (the
+    #: fp32 decisions, fewer bytes: tiny.en 1.14x per greedy token at one row, same tokens)
+    screen_vocabulary = True
+    #: ... and an int8 output projection too (decisions on the fp32 table instead of its top
+    #: ``RESCORED_TOP`` rescored; measured on tiny.en: the same tokens and time, so off)
+    screen_int8_vocabulary = False
 
     def __init__(self, config: WhisperConfig):
         super().__init__()
@@ -254,11 +181,14 @@ class WhisperDecoder(nn.Module):
     def vocab_screen(self, exact_from: int) -> VocabScreen | None:
         """The int8 screen of the output projection (:mod:`oasr_models_hf.whisper.screen`) when
         ``screen_vocabulary`` is on and this decoder can use one (CPU, fp32 table, fbgemm), else None;
-        an int8 output projection screens with its own int8 weights.  Rebuilt when the weights change."""
+        an int8 output projection (with ``screen_int8_vocabulary``) screens with its own int8 weights.
+        Rebuilt when the weights change."""
         table = self.embed_tokens.weight
         if not self.screen_vocabulary or not self._tied_fp_table() or table.device.type != "cpu":
             return None
         int8 = self.proj_out._int8 is not None
+        if int8 and not self.screen_int8_vocabulary:
+            return None
         source = self.proj_out.weight
         key = (table.data_ptr(), table._version, table.dtype, source.data_ptr(), source._version, int8, exact_from)
         if getattr(self, "_screen_key", None) != key:
@@ -287,8 +217,9 @@ class WhisperDecoder(nn.Module):
 
     # -- the shared layer computation -------------------------------------------------------------------
     def _packed_layer(self, layer: WhisperDecoderLayer, x: torch.Tensor) -> bool:
-        """Whether ``layer``'s linears run on the prepacked path at any row count (a decode step's few
-        rows included: fp32 linears, CPU inference, a small decoder as for the stacked q/k/v below)."""
+        """Whether ``layer``'s linears run on the prepacked path: fp32 linears, CPU inference, at least
+        ``_PACKED_MIN_ROWS`` rows (a batched decode step's few rows included, padded to a power of two),
+        a small decoder (the bound of the stacked q/k/v below: the packed copies cost memory)."""
         sa, ca = layer.self_attn, layer.encoder_attn
         linears = [getattr(sa, name) for name in sa.names] + [getattr(ca, ca.names[0]), getattr(ca, ca.names[3]),
                                                               layer.fc1, layer.fc2]
