@@ -24,7 +24,6 @@ Streaming state (see :meth:`ConformerEncoder.forward_chunk`) is plain tensors:
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Sequence
 
 import attrs
@@ -38,6 +37,7 @@ from oasr.layers import packed
 from oasr.layers.attention import merge_heads, split_heads
 from oasr.models import BaseEncoder, CacheSpec, StreamingGeometry
 from oasr.models.streaming import KV, ChunkOutput
+from oasr_models_wenet import cpu
 from oasr_models_wenet.config import SUBSAMPLING, ConformerEncoderConfig
 
 #: rows of WeNet's positional table built at construction; it grows on demand past this
@@ -46,22 +46,6 @@ POSITION_TABLE_ROWS = 5000
 #: intermediate stays in cache: measured ≈ 60 ms per 10 s row instead of 90–115 ms at batch 1, 8 and 32
 #: (d = 256, one thread), with bit-identical output
 CPU_TILE_ROWS = 64
-#: the same for the prepacked channels-last path (:meth:`Conv2dSubsampling._forward_packed`), whose
-#: tiles also run the output projection
-PACKED_TILE_ROWS = 256
-
-#: the feed-forwards' GEMMs run over row blocks of this many (the last padded to a multiple of
-#: ``packed.MIN_ROWS``, so oneDNN sees at most 16 shapes per GEMM): measured 3.5-7.6 % faster than
-#: ``packed.BLOCK_ROWS`` (512) for a 2280-row FFN at d 256 <-> 2048, one thread — the 2 MB weights are
-#: read from beyond L2 half as often
-FFN_BLOCK_ROWS = 1024
-
-#: per subsampling module: (key of its weights' versions, oneDNN-reordered conv weights, the output
-#: linear with its input columns in (frequency, channel) order) — derived data, rebuilt on a weight change
-_derived: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-#: oneDNN post-ops the depthwise convolution applies for the module's activation (others run after it)
-_CONV_POST_OPS = {"swish": "swish", "silu": "swish", "relu": "relu"}
-_IN_PLACE = {"swish": torch.nn.functional.silu, "silu": torch.nn.functional.silu, "relu": torch.nn.functional.relu}
 
 
 class GlobalCmvn(nn.Module):
@@ -95,23 +79,6 @@ class PositionTable(nn.Module):
         return self.pe[start:start + length].unsqueeze(0)
 
 
-def _derive(owner: nn.Module, tensors: Sequence[torch.Tensor | None], build):
-    """``build()`` once per version of ``tensors`` (weights ``owner`` derives data from), kept beside
-    ``owner`` in :data:`_derived`; built outside inference mode so the result's tensors keep versions."""
-    key = tuple(None if t is None else (t.data_ptr(), t._version) for t in tensors)
-    hit = _derived.get(owner)
-    if hit is not None and hit[0] == key:
-        return hit[1]
-    with torch.inference_mode(False), torch.no_grad():
-        value = build()
-    _derived[owner] = (key, value)
-    return value
-
-
-def _pair(value: int | tuple[int, int]) -> tuple[int, int]:
-    return (value, value) if isinstance(value, int) else tuple(value)
-
-
 class Conv2dSubsampling(nn.Module):
     """WeNet's ``Conv2dSubsampling{4,6,8}``: stride-2/3 Conv2d + ReLU stages, then a linear.
 
@@ -124,9 +91,9 @@ class Conv2dSubsampling(nn.Module):
         self.subsampling_rate, self.right_context, self.stages = SUBSAMPLING[kind]
         modules: list[nn.Module] = []
         channels, freq = 1, input_dim
-        self._conv_inputs: list[tuple[int, int]] = []  # (channels, frequency bins) each conv sees
+        self.conv_inputs: list[tuple[int, int]] = []  # (channels, frequency bins) each conv sees
         for kernel, stride in self.stages:
-            self._conv_inputs.append((channels, freq))
+            self.conv_inputs.append((channels, freq))
             modules += [layers.Conv2d(channels, d_model, kernel, stride=stride), layers.Relu()]
             channels, freq = d_model, (freq - kernel) // stride + 1
         self.conv = nn.Sequential(*modules)
@@ -152,57 +119,10 @@ class Conv2dSubsampling(nn.Module):
         return torch.cat([self.conv(x[:, :, a * rate:a * rate + rate * (min(tile, frames - a) - 1) + span])
                           for a in range(0, frames, tile)], dim=2)
 
-    def _packed_weights(self) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None]], layers.Linear]:
-        """The conv weights reordered for oneDNN and ``out`` with its columns permuted from WeNet's
-        (channel, frequency) flattening to the channels-last (frequency, channel) one."""
-        convs = [m for m in self.conv if isinstance(m, layers.Conv2d)]
-
-        def build():
-            weights = []
-            for conv, (channels, freq) in zip(convs, self._conv_inputs, strict=True):
-                hint = [1, channels, 64, freq]  # a shape hint for oneDNN's choice of weight layout
-                mk = torch._C._nn.mkldnn_reorder_conv2d_weight(conv.weight.detach().contiguous().to_mkldnn(),
-                                                               [0, 0], list(_pair(conv.stride)), [1, 1], 1, hint)
-                weights.append((mk, None if conv.bias is None else conv.bias.detach()))
-            d, width = self.out.weight.shape
-            channels = convs[-1].out_channels
-            out = layers.Linear(width, d, bias=self.out.bias is not None).requires_grad_(False)
-            out.weight.copy_(self.out.weight.detach().view(d, channels, width // channels).transpose(1, 2)
-                             .reshape(d, width))
-            if self.out.bias is not None:
-                out.bias.copy_(self.out.bias.detach())
-            return weights, out
-
-        return _derive(self, [t for m in (*convs, self.out) for t in (m.weight, m.bias)], build)
-
-    def _forward_packed(self, x: torch.Tensor) -> torch.Tensor:
-        """CPU fp32 inference: the conv stack as oneDNN convolutions on reordered weights with the
-        ReLU in their epilogue, channels-last, over time tiles of about ``PACKED_TILE_ROWS / B`` output
-        frames (the last tile's input zero-padded to the full tile, so oneDNN sees one shape per batch
-        size), each tile's output projected at once (no (B, C, T, F) → (B, T, C·F) transpose copy)."""
-        weights, out = self._packed_weights()
-        rows, length = x.size(0), x.size(1)
-        frames = int(self.output_lengths(torch.tensor(length)))
-        tile = max(1, PACKED_TILE_ROWS // rows)
-        rate, span = self.subsampling_rate, self.right_context + 1
-        x = x.unsqueeze(1)
-        strides = [_pair(m.stride) for m in self.conv if isinstance(m, layers.Conv2d)]
-        outs = []
-        for a in range(0, frames, tile):
-            y = x[:, :, a * rate:a * rate + rate * (min(tile, frames - a) - 1) + span]
-            for (weight, bias), stride in zip(weights, strides, strict=True):
-                y = torch.ops.mkldnn._convolution_pointwise(y, weight, bias, [0, 0], list(stride), [1, 1], 1,
-                                                            "relu", [], "")
-            y = y.permute(0, 2, 3, 1)
-            y = y.reshape(rows, y.size(1), -1)
-            outs.append(packed.blocked(lambda r: packed.linear(out, r, scale=self.xscale), y))
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, F) → (B, T', d), already multiplied by √d (WeNet's RelPositionalEncoding)."""
-        convs = [m for m in self.conv if isinstance(m, layers.Conv2d)]
-        if packed.fusable((*convs, self.out), x) and all(_pair(m.padding) == (0, 0) and m.groups == 1 for m in convs):
-            return self._forward_packed(x)
+        if cpu.subsampling_fusable(self, x):
+            return cpu.subsampling_forward(self, x)
         x = self._convolve(x.unsqueeze(1))
         b, c, t, f = x.shape
         return packed.blocked(lambda rows: packed.linear(self.out, rows, scale=self.xscale),
@@ -310,45 +230,6 @@ class ConvolutionModule(nn.Module):
             frame = self.glu(bias.to(dtype))
         return frame.expand(batch, self.lorder, inner)
 
-    def _folded(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The depthwise weight (C, 1, 1, k) and bias with the batch norm folded in."""
-        conv, norm = self.depthwise_conv, self.norm
-
-        def build():
-            scale = norm.weight * torch.rsqrt(norm.running_var + norm.eps)
-            bias = norm.bias - norm.running_mean * scale
-            if conv.bias is not None:
-                bias = bias + conv.bias * scale
-            return (conv.weight.detach() * scale.view(-1, 1, 1)).unsqueeze(2).contiguous(), bias.detach()
-
-        return _derive(self, [conv.weight, conv.bias, norm.weight, norm.bias, norm.running_mean, norm.running_var],
-                       build)
-
-    def _depthwise_norm_activation(self, y: torch.Tensor) -> torch.Tensor:
-        """``activation(norm(depthwise_conv(y)))`` on (B, T, C).  CPU fp32 inference: one oneDNN
-        convolution reading (B, T, C) as channels-last (B, C, 1, T) (no transposes), a batch norm folded
-        into its weights and the activation in its epilogue; a layer norm runs after it."""
-        conv = self.depthwise_conv
-        left, right = conv.padding
-        if not packed.fusable((conv,), y) or left != right or y.dim() != 3:
-            return self.activation(self.norm(conv(y)))
-        batch_norm = isinstance(self.norm, layers.BatchNorm1d)
-        if batch_norm:
-            weight, bias = self._folded()
-        else:
-            weight, bias = conv.weight.unsqueeze(2), conv.bias
-        post = _CONV_POST_OPS.get(self.activation.name, "none") if batch_norm else "none"
-        out = torch.ops.mkldnn._convolution_pointwise(y.transpose(1, 2).unsqueeze(2), weight, bias, [0, left],
-                                                      [1, conv.stride], [1, conv.dilation], conv.groups, post, [], "")
-        out = out.squeeze(2).transpose(1, 2)
-        if not batch_norm:
-            out = self.norm(out)
-        elif post != "none":
-            return out
-        if self.activation.name in _IN_PLACE:  # a fresh tensor of this call
-            return _IN_PLACE[self.activation.name](out, inplace=True)
-        return self.activation(out)
-
     def forward(self, x: torch.Tensor, *, valid: torch.Tensor | None = None, cache: torch.Tensor | None = None,
                 fresh: torch.Tensor | None = None,
                 lengths: torch.Tensor | None = None,
@@ -381,7 +262,7 @@ class ConvolutionModule(nn.Module):
             else:
                 index = lengths.view(-1, 1) + torch.arange(self.lorder, device=y.device)
                 tail = torch.gather(y, 1, index.unsqueeze(-1).expand(-1, -1, y.size(-1)))
-        y = self._depthwise_norm_activation(y)
+        y = cpu.depthwise_norm_activation(self, y)
         if residual is None:
             return self.pointwise_conv2(y), tail
         return packed.blocked(lambda rows, res: packed.linear_add(self.pointwise_conv2, rows, res), y, residual), tail
@@ -415,26 +296,13 @@ class ConformerLayer(nn.Module):
 
     def _feed_forward(self, ff: layers.FeedForward, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``residual + ff_scale * ff(x)``, the activation and the scaled residual add fused into the GEMMs,
-        over row blocks of :data:`FFN_BLOCK_ROWS`."""
+        over row blocks (:func:`oasr_models_wenet.cpu.feed_forward_blocks`)."""
         w_1, w_2 = getattr(ff, ff.names[0]), getattr(ff, ff.names[1])
 
         def block(rows: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
             return packed.linear_add(w_2, packed.linear(w_1, rows, w_1.activation), res, scale=self.ff_scale)
 
-        total = x.numel() // x.size(-1)
-        if total <= packed.BLOCK_ROWS or not packed.fusable((w_1, w_2), x):
-            return packed.blocked(block, x, residual)
-        flat, flat_res = x.reshape(total, x.size(-1)), residual.reshape(total, residual.size(-1))
-        outs = []
-        for start in range(0, total, FFN_BLOCK_ROWS):
-            stop = min(start + FFN_BLOCK_ROWS, total)
-            rows, res = flat[start:stop], flat_res[start:stop]
-            pad = -(stop - start) % packed.MIN_ROWS
-            if pad:
-                rows, res = (torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in (rows, res))
-            out = block(rows, res)
-            outs.append(out[:stop - start] if pad else out)
-        return torch.cat(outs).reshape(residual.shape)
+        return cpu.feed_forward_blocks(block, (w_1, w_2), x, residual)
 
     def forward(self, x: torch.Tensor, pos_emb: torch.Tensor, *, pos_index: torch.Tensor | None = None,
                 past: KV | None = None, mask: torch.Tensor | None = None,

@@ -11,7 +11,7 @@ import attrs
 import pytest
 import torch
 
-from oasr_models_wenet import encoder as enc
+from oasr_models_wenet import cpu as enc
 from oasr_models_wenet.config import ConformerEncoderConfig, ConformerModelConfig
 from oasr_models_wenet.model import ConformerModel
 
