@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from oasr.layers import (
     BatchNorm1d,
@@ -55,14 +56,48 @@ _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 POSITION_BASE = 10000.0
 
 
+#: rows of a packed GEMM past its whole :data:`oasr.layers.packed.MIN_ROWS`-row blocks run as one tail padded to
+#: a multiple of this, so oneDNN sees few row counts (64-row multiples up to a block, and 16, 32, 48) and a short
+#: clip or tail wastes at most 15 rows (padding every row count to 64 cost a 100-frame clip 28 % of its GEMMs;
+#: one 512 x 2048 GEMM of 16-48 rows runs at the 64-row block's GFLOP/s, MKL's unpacked sgemm 30-40 % slower)
+TAIL_ROWS = 16
+
+
+def rows_blocked(fn, *tensors: torch.Tensor) -> torch.Tensor:
+    """``fn(*tensors)`` for a row-wise ``fn`` whose packed calls take ``min_rows=TAIL_ROWS``: the whole
+    ``MIN_ROWS``-row blocks through :func:`oasr.layers.packed.blocked`, the remaining rows as one tail padded to
+    a multiple of :data:`TAIL_ROWS`."""
+    x = tensors[0]
+    rows = x.numel() // x.size(-1)
+    flat = [t.reshape(rows, t.size(-1)) for t in tensors]
+    whole = rows - rows % packed.MIN_ROWS
+    outs = [packed.blocked(fn, *(t[:whole] for t in flat))] if whole else []
+    if whole < rows:
+        pad = -(rows - whole) % TAIL_ROWS
+        tail = fn(*(F.pad(t[whole:], (0, 0, 0, pad)) if pad else t[whole:] for t in flat))
+        outs.append(tail[:rows - whole] if pad else tail)
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)
+    return out.reshape(*x.shape[:-1], out.size(-1))
+
+
 def packed_gemm(layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     """``layer(x)`` through core's prepacked oneDNN GEMM (:mod:`oasr.layers.packed`; a LinearActivation's
-    activation fused, over bounded row blocks), or None where that path does not apply (grad enabled, not CPU
-    float32, an int8 layer, fewer rows than ``packed.MIN_ROWS``, ``OASR_KERNELS=0``)."""
-    if not packed.fusable((layer,), x):
+    activation fused, over :func:`rows_blocked` row blocks), or None where that path does not apply (grad
+    enabled, not CPU float32, an int8 layer, no rows, ``OASR_KERNELS=0``)."""
+    if x.numel() == 0 or not packed.fusable((layer,), x, min_rows=1):
         return None
     activation = layer.activation if isinstance(layer, LinearActivation) else "none"
-    return packed.blocked(lambda rows: packed.linear(layer, rows, activation), x)
+    return rows_blocked(lambda rows: packed.linear(layer, rows, activation, min_rows=TAIL_ROWS), x)
+
+
+def gemm_add(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """``residual + scale * layer(x)``; on the packed path the add (and the scale, folded into the packed weight)
+    is the GEMM's epilogue, saving a pass over the output."""
+    if x.numel() == 0 or not packed.fusable((layer,), x, min_rows=1) or residual.shape[:-1] != x.shape[:-1]:
+        y = layer(x)
+        return residual + (scale * y if scale != 1.0 else y)
+    return rows_blocked(lambda rows, res: packed.linear_add(layer, rows, res, scale=scale, min_rows=TAIL_ROWS),
+                        x, residual)
 
 
 class _PackedGemm:
@@ -156,6 +191,11 @@ def rel_shift_index(frames: int, device: torch.device) -> torch.Tensor:
     return frames - 1 - ar[:, None] + ar[None, :]
 
 
+#: the largest relative-position projection an attention layer keeps (elements; 4 MB of float32): 1024 frames of
+#: a 512-wide Parakeet table, the whole offline table of NemotronEncoder's query blocks, one streaming chunk's
+POSITION_CACHE_ELEMENTS = 1 << 20
+
+
 class RelPositionAttention(MultiHeadAttention):
     """Transformer-XL relative-position self-attention with the content (u) and position (v) biases."""
 
@@ -165,17 +205,43 @@ class RelPositionAttention(MultiHeadAttention):
         self.relative_k_proj = Linear(h, h, bias=False)
         self.bias_u = nn.Parameter(torch.zeros(heads, h // heads))
         self.bias_v = nn.Parameter(torch.zeros(heads, h // heads))
+        self._positions: tuple | None = None
+
+    def position_keys(self, table: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
+        """``relative_k_proj(table)[rows]`` as (H, P, d).  The projection depends on the table and the weight only,
+        so on the packed (inference) path the last one is kept (up to :data:`POSITION_CACHE_ELEMENTS`) and reused
+        while the same table comes in (the same tensor, or an equal one) and the weight is unchanged."""
+        proj = None
+        if table.numel() <= POSITION_CACHE_ELEMENTS and packed.fusable((self.relative_k_proj,), table, min_rows=1):
+            weight = self.relative_k_proj.weight
+            key = (weight.data_ptr(), weight._version, table.shape, table.dtype)
+            hit = self._positions
+            if hit is not None and hit[0] == key and (hit[1] is table or torch.equal(hit[1], table)):
+                proj = hit[2]
+            else:
+                proj = self.relative_k_proj(table)
+                self._positions = (key, table, proj)
+        else:
+            proj = self.relative_k_proj(table)
+        if rows is not None:
+            proj = proj[rows]
+        return proj.view(-1, self.n_heads, self.head_dim).transpose(0, 1)
+
+    def position_scores(self, q: torch.Tensor, rel: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+        """(N, H, Q, K) scaled position scores: each query's columns of ``(q + v) relᵀ`` at its own offsets."""
+        bd = torch.matmul(q + self.bias_v[None, :, None, :], rel.transpose(-1, -2)[None])
+        return torch.gather(bd, -1, shift.expand(bd.shape[0], bd.shape[1], -1, -1)).mul_(self.head_dim ** -0.5)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, shift: torch.Tensor,
-                lengths: torch.Tensor | None) -> torch.Tensor:
+                lengths: torch.Tensor | None, residual: torch.Tensor | None = None,
+                rows: slice | None = None) -> torch.Tensor:
+        """``residual + o_proj(attention)`` (``residual`` None: 0); ``positions[rows]`` are the sinusoids of the
+        relative positions T - 1 .. -(T - 1)."""
         q, k, v = self.project(x, 0), self.project(x, 1), self.project(x, 2)
-        rel = self.relative_k_proj(positions).view(-1, self.n_heads, self.head_dim).transpose(0, 1)
-        scale = self.head_dim ** -0.5
-        # (B, H, T, 2T - 1) position scores, then each query's T columns of its own relative offsets
-        bd = torch.matmul(q + self.bias_v[None, :, None, :], rel.transpose(-1, -2)[None])
-        bd = torch.gather(bd, -1, shift.expand(bd.shape[0], bd.shape[1], -1, -1)) * scale
-        out = attend(q + self.bias_u[None, :, None, :], k, v, key_lengths=lengths, bias=bd, scale=scale)
-        return self.o_proj(merge_heads(out))
+        bd = self.position_scores(q, self.position_keys(positions, rows), shift)
+        out = merge_heads(attend(q + self.bias_u[None, :, None, :], k, v, key_lengths=lengths, bias=bd,
+                                 scale=self.head_dim ** -0.5))
+        return self.o_proj(out) if residual is None else gemm_add(self.o_proj, out, residual)
 
 
 class FastConformerConvolution(nn.Module):
@@ -189,9 +255,18 @@ class FastConformerConvolution(nn.Module):
         self.activation = Swish()
         self.pointwise_conv2 = PointwiseConv1d(h, h, bias=bias)
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``residual + conv(x)`` (``residual`` None: 0)."""
         x = zero_beyond(self.glu(self.pointwise_conv1(x)), lengths, 1)
-        return self.pointwise_conv2(self.activation(self.norm(self.depthwise_conv(x))))
+        x = self.activation(self.norm(self.depthwise_conv(x)))
+        return self.pointwise_conv2(x) if residual is None else gemm_add(self.pointwise_conv2, x, residual)
+
+
+def macaron(ff: FeedForward, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """``residual + 0.5 * ff(x)`` (the second linear's epilogue adds the residual on the packed path)."""
+    first, second = (getattr(ff, name) for name in ff.names)
+    return gemm_add(second, first(x), residual, 0.5)
 
 
 class FastConformerBlock(nn.Module):
@@ -207,11 +282,11 @@ class FastConformerBlock(nn.Module):
             setattr(self, name, LayerNorm(h))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, shift: torch.Tensor,
-                lengths: torch.Tensor | None) -> torch.Tensor:
-        x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
-        x = x + self.self_attn(self.norm_self_att(x), positions, shift, lengths)
-        x = x + self.conv(self.norm_conv(x), lengths)
-        x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
+                lengths: torch.Tensor | None, rows: slice | None = None) -> torch.Tensor:
+        x = macaron(self.feed_forward1, self.norm_feed_forward1(x), x)
+        x = self.self_attn(self.norm_self_att(x), positions, shift, lengths, residual=x, rows=rows)
+        x = self.conv(self.norm_conv(x), lengths, residual=x)
+        x = macaron(self.feed_forward2, self.norm_feed_forward2(x), x)
         return self.norm_out(x)
 
 
@@ -227,6 +302,7 @@ class FastConformerEncoder(BaseEncoder):
         self.input_scale = config.hidden_size ** 0.5 if config.scale_input else 1.0
         self.subsampling = FastConformerSubsampling(config)
         self.layers = nn.ModuleList(FastConformerBlock(config) for _ in range(config.num_hidden_layers))
+        self._table: torch.Tensor | None = None
         pack_gemms(self)
 
     @property
@@ -245,12 +321,27 @@ class FastConformerEncoder(BaseEncoder):
         x = self.subsampling(feats, feat_lens if padded else None) * self.input_scale
         t = x.shape[1]
         lengths = lengths.clamp(max=t)
-        positions = relative_positions(t, self.config.hidden_size, x.device, x.dtype)
+        positions, rows = self.position_table(x, t)
         shift = rel_shift_index(t, x.device)
         key_lengths = lengths if bool((lengths < t).any()) else None
         for layer in self.layers:
-            x = layer(x, positions, shift, key_lengths)
+            x = layer(x, positions, shift, key_lengths, rows)
         return x, lengths
+
+    def position_table(self, x: torch.Tensor, frames: int) -> tuple[torch.Tensor, slice | None]:
+        """The relative-position sinusoids for ``frames`` frames, and which of its rows they are.  On the packed
+        (inference) path one table of ``M - 1 .. -(M - 1)`` (M a power of two ≥ frames, while within
+        :data:`POSITION_CACHE_ELEMENTS`) is kept, so each layer's projection of it is computed once and sliced
+        (the rows of ``T - 1 .. -(T - 1)`` are ``M - T .. M + T - 2``); elsewhere the table of ``frames``."""
+        dim = self.config.hidden_size
+        span = max(64, 1 << (frames - 1).bit_length())
+        if (2 * span - 1) * dim > POSITION_CACHE_ELEMENTS or not packed.fusable((), x, min_rows=1):
+            return relative_positions(frames, dim, x.device, x.dtype), None
+        table = self._table
+        if table is None or table.shape[0] < 2 * frames - 1 or table.dtype != x.dtype or table.device != x.device:
+            table = self._table = relative_positions(span, dim, x.device, x.dtype)
+        span = (table.shape[0] + 1) // 2
+        return table, slice(span - frames, span + frames - 1)
 
 
 __all__ = ["FastConformerEncoder", "pack_gemms", "relative_positions"]

@@ -37,6 +37,8 @@ from oasr_models_hf.fastconformer.encoder import (
     FastConformerBlock,
     FastConformerConvolution,
     RelPositionAttention,
+    gemm_add,
+    macaron,
     pack_gemms,
     zero_beyond,
 )
@@ -173,17 +175,16 @@ class ChunkedRelPositionAttention(RelPositionAttention):
                           shift: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """q (N, H, Q, d), k / v (N, H, K, d), table (P, D) of relative positions, shift (Q, K) column of each
         (query, key) pair, mask (N, 1, Q, K) → (N, H, Q, d)."""
-        rel = self.relative_k_proj(table).view(-1, self.n_heads, self.head_dim).transpose(0, 1)
-        scale = self.head_dim ** -0.5
-        bd = torch.matmul(q + self.bias_v[None, :, None, :], rel.transpose(-1, -2)[None])
-        bd = torch.gather(bd, -1, shift.expand(bd.shape[0], bd.shape[1], -1, -1)) * scale
-        return attend(q + self.bias_u[None, :, None, :], k, v, mask=mask, bias=bd, scale=scale)
+        bd = self.position_scores(q, self.position_keys(table), shift)
+        return attend(q + self.bias_u[None, :, None, :], k, v, mask=mask, bias=bd, scale=self.head_dim ** -0.5)
 
-    def forward(self, x: torch.Tensor, layout: AttentionLayout) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layout: AttentionLayout, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``residual + o_proj(attention)`` (``residual`` None: 0)."""
         q, k, v = self.project(x, 0), self.project(x, 1), self.project(x, 2)
         out = self.scores_and_attend(layout.split_queries(q), layout.split_keys(k), layout.split_keys(v),
                                      layout.table, layout.shift, layout.mask)
-        return self.o_proj(merge_heads(layout.merge(out, x.shape[0])))
+        out = merge_heads(layout.merge(out, x.shape[0]))
+        return self.o_proj(out) if residual is None else gemm_add(self.o_proj, out, residual)
 
 
 class NemotronBlock(FastConformerBlock):
@@ -193,10 +194,10 @@ class NemotronBlock(FastConformerBlock):
         self.conv = NemotronConvolution(config)
 
     def forward(self, x: torch.Tensor, layout: AttentionLayout, lengths: torch.Tensor | None) -> torch.Tensor:
-        x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
-        x = x + self.self_attn(self.norm_self_att(x), layout)
-        x = x + self.conv(self.norm_conv(x), lengths)
-        x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
+        x = macaron(self.feed_forward1, self.norm_feed_forward1(x), x)
+        x = self.self_attn(self.norm_self_att(x), layout, residual=x)
+        x = self.conv(self.norm_conv(x), lengths, residual=x)
+        x = macaron(self.feed_forward2, self.norm_feed_forward2(x), x)
         return self.norm_out(x)
 
 
