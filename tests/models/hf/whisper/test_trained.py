@@ -155,10 +155,12 @@ def _token_agreement(reference: list[list[int]], other: list[list[int]]) -> floa
     return 1 - sum(distance(a, b) for a, b in zip(reference, other, strict=True)) / sum(len(a) for a in reference)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 19, open: free-running int8 token agreement with fp32 is 94.7% on "
-                   "these clips (96.1% with the benchmark's sentences; greedy, 1 - token edit distance / fp32 "
-                   "tokens), short of the 97% target: a flipped near-tie rewrites the rest of a clip; schemes "
-                   "measured: WhisperModel.quantization_layout, docs/benchmarks.md; strict, so it fails once met")
+@pytest.mark.xfail(strict=True, reason="issue 19, open: free-running int8 token agreement with fp32 is 95.2% on "
+                   "these clips (97.7% on the 39 with the benchmark's sentences; greedy, 1 - token edit distance / "
+                   "fp32 tokens), short of the 97% target here: 'She sells sea shells' loses 4 of its 10 tokens to "
+                   "a near-tie under all layouts measured but one; calibrated SmoothQuant (alpha 0.5-0.8) met "
+                   "97% on one of the two sets at best; WhisperModel."
+                   "quantization_layout, docs/benchmarks.md 'int8 step, session 5'; strict, so it fails once met")
 def test_int8_engine_keeps_the_transcript(tiny_en, beckett, sample_wav, espeak_clips):
     import oasr
 
