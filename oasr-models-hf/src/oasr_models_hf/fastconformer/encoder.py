@@ -166,15 +166,44 @@ class FastConformerSubsampling(nn.Module):
         return lengths.clamp_min(0)
 
     def forward(self, feats: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+        """(B, T, F) → (B, T', hidden).  Under inference a batch's convolutions run row by row over each row's
+        own frames (what the padded, masked batch computes on its valid frames; frames past a row's length are
+        zero before ``linear``): the stem's (B, C, T / 2, F / 2) output of a batch of 8 ten-second clips is
+        160 MB, and every pass over tensors that size (fresh pages, no cache) cost 4-8x a row's share."""
+        batch, frames = feats.shape[:2]
+        if torch.is_grad_enabled() or batch == 1:
+            return self.linear(self._columns(self._convolutions(feats, lengths)))
+        counts = lengths.tolist() if lengths is not None else [frames] * batch
+        x = None
+        for b, n in enumerate(counts):
+            row = self._columns(self._convolutions(feats[b:b + 1, :max(int(n), 1)], None))[0]
+            if x is None:
+                x = row.new_zeros(batch, int(self.output_lengths(torch.tensor(frames))), row.shape[-1])
+            x[b, :row.shape[0]] = row
+        return self.linear(x)
+
+    def _convolutions(self, feats: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+        """(B, T, F) → (B, C, T', F') through the convolution stack, the frames past each row's length zeroed
+        after every convolution (``lengths`` None: every row is whole)."""
         x = zero_beyond(feats, lengths, 1).unsqueeze(1)
         for layer in self.layers:
+            if isinstance(layer, Relu) and not torch.is_grad_enabled():
+                # in place in the preceding convolution's own output; the depthwise stages after the stem run
+                # channels-last (oneDNN's depthwise kernel is 1.1-1.9x faster on it than on NCHW)
+                x = x.relu_().contiguous(memory_format=torch.channels_last)
+                continue
             x = layer(x)
             if isinstance(layer, Conv2d) and lengths is not None:
                 if layer.stride != 1:
                     lengths = self._length(lengths)
                 x = zero_beyond(x, lengths, 2)
+        return x
+
+    @staticmethod
+    def _columns(x: torch.Tensor) -> torch.Tensor:
+        """(B, C, T', F') → (B, T', C·F'): each frame's columns channel-major, as ``linear`` reads them."""
         batch, channels, frames, freq = x.shape
-        return self.linear(x.transpose(1, 2).reshape(batch, frames, channels * freq))
+        return x.transpose(1, 2).reshape(batch, frames, channels * freq)
 
 
 def relative_positions(frames: int, dim: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:

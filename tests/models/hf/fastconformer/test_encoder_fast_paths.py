@@ -111,3 +111,24 @@ def test_a_linear_activation_layer_keeps_its_activation_on_the_tail():
     with torch.no_grad():
         out = fc.packed_gemm(layer, torch.randn(5, 16))
     assert out is not None and float(out.min()) >= 0.0
+
+
+def test_batched_subsampling_row_by_row_equals_the_masked_batch(encoder):
+    torch.manual_seed(3)
+    lens = torch.tensor([160, 97, 33, 1])
+    feats = torch.randn(4, 160, 16)
+    feats = feats + (torch.arange(160)[None, :, None] >= lens[:, None, None]) * 5.0  # junk padding
+    sub = encoder.subsampling
+    out_lens = sub.output_lengths(lens)
+    with torch.no_grad():
+        rows = sub(feats, lens)  # inference: each row over its own frames
+    masked = sub(feats, lens).detach()  # grad enabled: the padded batch, masked after every convolution
+    assert rows.shape == masked.shape == (4, int(sub.output_lengths(torch.tensor(160))), 32)
+    for b, n in enumerate(out_lens.tolist()):
+        assert torch.allclose(rows[b, :n], masked[b, :n], rtol=1e-5, atol=1e-5)
+        with torch.no_grad():
+            alone = sub(feats[b:b + 1, :int(lens[b])], lens[b:b + 1])[0]
+        assert torch.allclose(rows[b, :n], alone, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():  # the junk is what a row would read without its own frames: it changes the output
+        unmasked = sub(feats, None)
+    assert float((unmasked[1, :int(out_lens[1])] - rows[1, :int(out_lens[1])]).abs().max()) > 1e-3
