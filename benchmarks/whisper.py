@@ -221,15 +221,15 @@ def _oasr_step_ms(decoder, cross, prompt: list[int], steps: int) -> float:
     return 1e3 * (time.thread_time() - c0) / steps
 
 
-def _oasr_loop_ms(decoder, cross, gen, prompt: list[int], steps: int) -> float:
+def _oasr_loop_ms(decoder, cross, gen, prompt: list[int], steps: int) -> tuple[float, list[int]]:
     """CPU ms per token of the greedy search loop (step, logit rules with timestamps, selection),
-    end-of-text suppressed so that it runs ``steps`` tokens."""
+    end-of-text suppressed so that it runs ``steps`` tokens; and the tokens."""
     from oasr_models_hf.whisper.search import WindowTask, search_windows
 
     task = WindowTask(prompt, 0, True, max_new_tokens=steps, suppress=(*gen.suppress_tokens, gen.eot_id))
     c0 = time.thread_time()
     out = search_windows(decoder, cross[0], cross[1], [task], gen)
-    return 1e3 * (time.thread_time() - c0) / max(1, len(out[0].tokens))
+    return 1e3 * (time.thread_time() - c0) / max(1, len(out[0].tokens)), out[0].tokens
 
 
 def _step_split(decoder, cross, prompt: list[int], steps: int) -> str:
@@ -280,8 +280,14 @@ def decoder_steps(model_dir: str, audio, steps: int, rounds: int) -> None:
             _oasr_step_ms(model.decoder, cross, prompt, 5)
             results[f"oasr {precision}"] = min(_oasr_step_ms(model.decoder, cross, prompt, steps) for _ in range(rounds))
             split = _step_split(model.decoder, cross, prompt, min(steps, 50))
-            results[f"oasr {precision} loop"] = min(_oasr_loop_ms(model.decoder, cross, gen, prompt, steps)
-                                                    for _ in range(rounds))
+            # the plain loop and the int8-screened vocabulary projection, alternating
+            for screened in [False, True] * rounds:
+                model.decoder.screen_vocabulary = screened
+                ms, tokens = _oasr_loop_ms(model.decoder, cross, gen, prompt, steps)
+                name = f"oasr {precision} {'screened' if screened else 'loop'}"
+                results[name] = min(results.get(name, float("inf")), ms)
+                results[f"{name} tokens"] = tokens
+            model.decoder.screen_vocabulary = False
         print(f"OASR {precision} step split: {split}", flush=True)
         fw = WhisperModel(model_dir, device="cpu", compute_type="int8" if precision == "int8" else "float32",
                           cpu_threads=1)
@@ -298,9 +304,11 @@ def decoder_steps(model_dir: str, audio, steps: int, rounds: int) -> None:
     print(f"\n## decoder at one row, {steps} steps over one window (CPU ms per token, best of {rounds})")
     for precision in ("fp32", "int8"):
         step, loop = results[f"oasr {precision}"], results[f"oasr {precision} loop"]
-        peer = results[f"ctranslate2 {precision}"]
-        print(f"{precision}: OASR step {step:.2f} ms, OASR search loop {loop:.2f} ms, CTranslate2 generate "
-              f"{peer:.2f} ms; CTranslate2 / OASR loop {peer / loop:.2f}x")
+        screened, peer = results[f"oasr {precision} screened"], results[f"ctranslate2 {precision}"]
+        same = results[f"oasr {precision} screened tokens"] == results[f"oasr {precision} loop tokens"]
+        print(f"{precision}: OASR step {step:.2f} ms, OASR search loop {loop:.2f} ms, screened vocabulary "
+              f"{screened:.2f} ms ({loop / screened:.2f}x, tokens {'identical' if same else 'DIFFER'}), CTranslate2 "
+              f"generate {peer:.2f} ms; CTranslate2 / OASR loop {peer / loop:.2f}x, / screened {peer / screened:.2f}x")
 
 
 def main() -> None:

@@ -115,9 +115,11 @@ class WhisperDecoder(nn.Module):
     #: decoder K/V are dense per-row buffers (no paged pool), so steps are not graph-capturable
     supports_paged_kv = False
     supports_step_graphs = False
-    #: the search's greedy and beam steps project an fp32 table through :meth:`vocab_screen` (the
-    #: fp32 decisions, fewer bytes: tiny.en 1.14x per greedy token at one row, same tokens)
-    screen_vocabulary = True
+    #: the search's greedy and beam steps project an fp32 table through :meth:`vocab_screen`: the
+    #: fp32 token decisions from fewer bytes (tiny.en, one row: 1.14x per greedy token, the same
+    #: tokens), but an approximate log-softmax normalizer (avg_logprob off by up to 1.6e-3 on
+    #: tiny.en), which the temperature fallback's log-prob threshold reads: so opt-in
+    screen_vocabulary = False
     #: ... and an int8 output projection too (decisions on the fp32 table instead of its top
     #: ``RESCORED_TOP`` rescored; measured on tiny.en: the same tokens and time, so off)
     screen_int8_vocabulary = False

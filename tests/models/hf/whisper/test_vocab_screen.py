@@ -36,7 +36,7 @@ def count_resolves(monkeypatch):
 
 def _screen_of(model, eot: int) -> VocabScreen:
     decoder = copy.copy(model.decoder)
-    decoder.screen_vocabulary = True
+    decoder.screen_vocabulary = decoder.screen_int8_vocabulary = True
     screen = decoder.vocab_screen(eot)
     assert screen is not None, "no screen on this CPU (fbgemm missing or its int8 product saturates)"
     return screen
@@ -139,7 +139,8 @@ def _tasks(prompt, timestamps, n, beam=None, max_new=40):
 
 
 def _search_both(model, cross, tasks, gen):
-    decoder = model.decoder
+    decoder = copy.copy(model.decoder)
+    decoder.screen_vocabulary = False
     plain = search_windows(decoder, cross[0], cross[1], tasks, gen)
     screened_decoder = copy.copy(decoder)
     screened_decoder.screen_vocabulary = True
