@@ -282,12 +282,12 @@ def decoder_steps(model_dir: str, audio, steps: int, rounds: int) -> None:
             split = _step_split(model.decoder, cross, prompt, min(steps, 50))
             # the plain loop and the int8-screened vocabulary projection, alternating
             for screened in [False, True] * rounds:
-                model.decoder.screen_vocabulary = screened
+                model.decoder.screen_vocabulary = model.decoder.screen_int8_vocabulary = screened
                 ms, tokens = _oasr_loop_ms(model.decoder, cross, gen, prompt, steps)
                 name = f"oasr {precision} {'screened' if screened else 'loop'}"
                 results[name] = min(results.get(name, float("inf")), ms)
                 results[f"{name} tokens"] = tokens
-            model.decoder.screen_vocabulary = False
+            model.decoder.screen_vocabulary = model.decoder.screen_int8_vocabulary = False
         print(f"OASR {precision} step split: {split}", flush=True)
         fw = WhisperModel(model_dir, device="cpu", compute_type="int8" if precision == "int8" else "float32",
                           cpu_threads=1)
