@@ -20,7 +20,11 @@ uint8 weights), beside OASR fp32 and OASR int8 (``quantize_model_int8``).  Print
 share of CTC frames whose argmax int8 keeps from fp32, for both, on this model and on the WeNet fixture
 model over the fixture audio.
 
-Usage: python benchmarks/wenet.py [--batches 6] [--batch-size 8] [--repeats 2] [--threads 1] [--no-onnx | --onnx-only]
+``--profile``: only where the time goes in one batch (torch profiler self CPU per op for OASR fp32,
+onnxruntime's own profile per op type for onnxruntime fp32).
+
+Usage: python benchmarks/wenet.py [--batches 6] [--batch-size 8] [--repeats 2] [--threads 1]
+[--no-onnx | --onnx-only | --profile]
 """
 
 from __future__ import annotations
@@ -369,6 +373,48 @@ def onnx_section(model: ConformerModel, peer: PeerConformer, batches, audio: flo
               f"onnxruntime {100 * fixture[1]:.1f}%")
 
 
+def profile_section(model: ConformerModel, peer: PeerConformer, batch, threads: int) -> None:
+    """Where the CPU time goes in one batch: OASR fp32's self CPU per op (torch profiler) and
+    onnxruntime fp32's own profile (``enable_profiling``) summed per op type, on the same graph."""
+    import collections
+    import json
+    import tempfile
+
+    import onnxruntime as ort
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode():
+        for _ in range(2):
+            model.forward_offline(*batch)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            model.forward_offline(*batch)
+    print(f"-- OASR fp32, batch {tuple(batch[0].shape)}: self CPU per op")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+    with tempfile.TemporaryDirectory() as folder:
+        fp32_path, _ = export_onnx(peer, folder)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.enable_profiling = True
+        options.profile_file_prefix = os.path.join(folder, "ort")
+        session = ort.InferenceSession(fp32_path, options, providers=["CPUExecutionProvider"])
+        inputs = {"feats": batch[0].numpy(), "feats_lengths": batch[1].numpy()}
+        for _ in range(3):
+            session.run(None, inputs)
+        with open(session.end_profiling()) as f:
+            events = json.load(f)
+    last = [e for e in events if e.get("name") == "model_run"][-1]
+    per_op: collections.Counter = collections.Counter()
+    for e in events:
+        if (e.get("cat") == "Node" and e["name"].endswith("_kernel_time")
+                and last["ts"] <= e["ts"] <= last["ts"] + last["dur"]):
+            per_op[e["args"]["op_name"]] += e["dur"] / 1e3
+    total = sum(per_op.values())
+    print(f"-- onnxruntime fp32, same batch: kernel time per op type (last of 3 runs), total {total:.0f} ms")
+    for op, ms in per_op.most_common(12):
+        print(f"{op:<24} {ms:9.1f} ms {100 * ms / total:5.1f} %")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=6)
@@ -377,10 +423,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-onnx", dest="onnx", action="store_false", help="skip the onnxruntime peer")
     parser.add_argument("--onnx-only", action="store_true", help="only the onnxruntime comparison (fp32 and int8)")
+    parser.add_argument("--profile", action="store_true",
+                        help="only the per-op CPU profile of one batch, OASR fp32 and onnxruntime fp32")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, peer = build()
     batches = make_batches(args.batches, args.batch_size)
+    if args.profile:
+        print(f"machine: {machine()}")
+        profile_section(model, peer, batches[min(3, len(batches) - 1)], args.threads)
+        return
     audio = sum(float(lens.sum()) for _, lens in batches) * FRAME_SECONDS
     if args.onnx_only:
         print(f"machine: {machine()}")
