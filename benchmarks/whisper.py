@@ -196,7 +196,9 @@ def sensitivity(model_dir: str, clips) -> None:
     lead_change = LeadChange(fp32, clips, reference)
     names = [n for n, m in model.named_modules() if isinstance(m, Linear)]
     layouts = [(f"only {label} int8", tuple(n for n in names if not re.search(rx, n))) for label, rx in GROUPS]
-    layouts += [("shipped quantization_layout()", model.quantization_layout().keep_full_precision),
+    shipped = model.quantization_layout().keep_full_precision
+    layouts += [("shipped quantization_layout()", shipped),
+                ("shipped + decoder step linears int8", tuple(n for n in shipped if not n.startswith("decoder."))),
                 ("every linear int8", ())]
     print(f"\n## int8 sensitivity (greedy, {len(clips)} clips, {sum(map(len, reference))} fp32 tokens)")
     for label, keep in layouts:
