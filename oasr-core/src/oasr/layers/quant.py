@@ -15,7 +15,7 @@
   tensor does.  A single row (an incremental decode step of one request) goes to fbgemm as it is,
   with the bias packed beside the weight: for one row the per-row scale *is* the per-tensor scale
   fbgemm picks itself (the same grid up to float rounding), and the row's scaling passes cost
-  more than the one-row GEMM (about 15 of 40 µs for a 384 x 384 layer).  With VNNI
+  more than the one-row GEMM itself (about 24 of 39 µs for a 384 x 384 layer, measured).  With VNNI
   the activations use all 8 bits; without it they keep 7 (``reduce_range``) so fbgemm's 16-bit
   pair sums cannot saturate;
 * compute elsewhere (CUDA): the int8 weight is dequantized per call, a reference path.
