@@ -17,8 +17,8 @@ exports NeMo's ONNX graphs of the same weights.  The three systems then run the 
   ``--batch`` streams, and ``decode_stream`` one clip per call.
 
 Each system computes its own features from the audio.  One intra-op thread each; ``--repeats`` rounds, the
-systems take turns (one clip per call: clip by clip, rotating), each keeps its best.  Prints seconds, the
-real-time factor and each peer's time over OASR's per mode, the share of clips whose token ids equal OASR's per
+systems take turns (one clip per call: clip by clip, rotating), each keeps its best.  Prints seconds (wall, and
+this process's CPU time: what a co-tenant on a shared box disturbs least), the real-time factor and each peer's time over OASR's per mode, the share of clips whose token ids equal OASR's per
 peer (the check that all three hold the same weights), and the machine.  ``--work DIR`` keeps NeMo's models
 between runs (built once, about 1.5 min each).  Needs ``onnx`` in the NeMo venv
 (``.cache/nemo-venv/bin/pip install onnx``) and ``sherpa-onnx`` in this one (``pip install sherpa-onnx``).
@@ -208,24 +208,30 @@ def measure(kind: str, out: Path, clips, args) -> tuple[dict, dict]:
         "sherpa-onnx": (lambda cs: run_sherpa(recognizer, ids, cs, args.batch),
                         lambda c: run_sherpa(recognizer, ids, [c], 1)),
     }
-    best: dict = {}
+    best: dict = {}  # (system, mode) -> wall seconds; (system, mode, "cpu") -> process CPU seconds
     tokens: dict = {}
+
+    def keep(key, wall: float, cpu: float) -> None:
+        best[key] = min(best.get(key, float("inf")), wall)
+        best[key + ("cpu",)] = min(best.get(key + ("cpu",), float("inf")), cpu)
+
     for round_ in range(args.repeats):
         order = SYSTEMS[round_ % 3:] + SYSTEMS[:round_ % 3]
         for system in order:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             tokens[(system, "batched")] = runs[system][0](by_length)
-            best[(system, "batched")] = min(best.get((system, "batched"), float("inf")), time.perf_counter() - t0)
-        spent = dict.fromkeys(SYSTEMS, 0.0)
+            keep((system, "batched"), time.perf_counter() - t0, time.process_time() - c0)
+        spent = {s: [0.0, 0.0] for s in SYSTEMS}
         alone: dict = {s: [] for s in SYSTEMS}
         for n, clip in enumerate(by_length):  # clip by clip, rotating, so a co-tenant's load falls on all three
             for system in SYSTEMS[n % 3:] + SYSTEMS[:n % 3]:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 alone[system] += runs[system][1](clip)
-                spent[system] += time.perf_counter() - t0
+                spent[system][0] += time.perf_counter() - t0
+                spent[system][1] += time.process_time() - c0
         for system in SYSTEMS:
             tokens[(system, "alone")] = alone[system]
-            best[(system, "alone")] = min(best.get((system, "alone"), float("inf")), spent[system])
+            keep((system, "alone"), *spent[system])
     return best, tokens
 
 
@@ -482,12 +488,14 @@ def report(kind: str, best: dict, tokens: dict, args, audio_seconds: float) -> N
     name = {"ctc": "Parakeet CTC", "tdt": "Parakeet TDT"}[kind]
     print(f"\n{name} 110M-sized (NeMo-built, random weights), {args.clips} clips, {audio_seconds:.1f} s of audio, "
           f"batches of {args.batch}; best of {args.repeats}")
-    print(f"{'system':<14}{'mode':<10}{'seconds':>10}{'RTF':>10}{'peer / OASR':>14}")
+    print(f"{'system':<14}{'mode':<10}{'seconds':>10}{'RTF':>10}{'peer / OASR':>14}{'CPU s':>10}{'CPU peer / OASR':>17}")
     for mode in ("batched", "alone"):
         for system in SYSTEMS:
-            seconds = best[(system, mode)]
+            seconds, cpu = best[(system, mode)], best[(system, mode, "cpu")]
             ratio = f"{seconds / best[('OASR', mode)]:.2f}x" if system != "OASR" else ""
-            print(f"{system:<14}{mode:<10}{seconds:>10.2f}{seconds / audio_seconds:>10.4f}{ratio:>14}")
+            cpu_ratio = f"{cpu / best[('OASR', mode, 'cpu')]:.2f}x" if system != "OASR" else ""
+            print(f"{system:<14}{mode:<10}{seconds:>10.2f}{seconds / audio_seconds:>10.4f}{ratio:>14}"
+                  f"{cpu:>10.2f}{cpu_ratio:>17}")
     for mode in ("batched", "alone"):
         for peer in SYSTEMS[1:]:
             print(f"token ids vs OASR ({mode}, {peer}): "
