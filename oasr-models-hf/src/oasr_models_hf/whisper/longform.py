@@ -402,10 +402,12 @@ class Transcriber:
             end = last_end(segments)
             if end is not None:
                 req.last_speech = end
-        for seg in segments:  # an instantaneous or empty segment carries nothing
-            if seg.start == seg.end or not seg.text.strip():
-                seg.text, seg.tokens, seg.words = "", [], []
         for seg in segments:
+            if seg.start == seg.end or not seg.text.strip():
+                # an instantaneous or textless segment carries nothing: left out, as faster-whisper leaves it
+                # (openai-whisper keeps it with its text, tokens and words cleared); a short last window
+                # that decodes a run of repeated timestamps would otherwise end the list with a dozen
+                continue
             seg.id = len(req.segments)
             req.segments.append(seg)
             req.all_tokens.extend(seg.tokens)
