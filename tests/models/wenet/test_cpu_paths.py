@@ -7,37 +7,19 @@ norm, the feed-forwards' 1024-row blocks) must compute what the reference ops co
 
 from __future__ import annotations
 
-import attrs
 import pytest
 import torch
 
 from oasr_models_wenet import cpu as enc
-from oasr_models_wenet.config import ConformerEncoderConfig, ConformerModelConfig
 from oasr_models_wenet.model import ConformerModel
 
-from ._helpers import assert_rel
+from ._helpers import assert_rel, small_conformer
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
 
 def _model(**overrides) -> ConformerModel:
-    encoder = ConformerEncoderConfig(input_dim=24, output_size=64, attention_heads=4, linear_units=96, num_blocks=2,
-                                     cnn_module_kernel=7, causal=True, cnn_module_norm="layer_norm",
-                                     use_dynamic_chunk=True)
-    encoder = attrs.evolve(encoder, **overrides)
-    torch.manual_seed(7)
-    model = ConformerModel(ConformerModelConfig(vocab_size=40, encoder=encoder)).eval()
-    with torch.no_grad():
-        for name, tensor in model.state_dict().items():
-            if name.endswith(("pos_bias_u", "pos_bias_v")):
-                tensor.normal_(0, 0.3)
-            elif name.endswith(".norm.running_mean"):
-                tensor.normal_(0, 0.5)
-            elif name.endswith(".norm.running_var"):
-                tensor.uniform_(0.3, 2.0)
-            elif ".conv_module.norm." in name and name.endswith((".weight", ".bias")):
-                tensor.normal_(0.5 if name.endswith(".weight") else 0.0, 0.3)
-    return model
+    return small_conformer(7, random_norm_stats=True, **overrides)
 
 
 def _batch(rows: int = 3):

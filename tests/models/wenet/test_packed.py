@@ -7,32 +7,20 @@ and for int8 linears, and must show oneDNN only a bounded set of GEMM shapes.
 
 from __future__ import annotations
 
-import attrs
 import pytest
 import torch
 
 from oasr.layers import packed
 from oasr.layers.quant import quantize_model_int8
-from oasr_models_wenet.config import ConformerEncoderConfig, ConformerModelConfig
 from oasr_models_wenet.model import ConformerModel
 
-from ._helpers import assert_rel
+from ._helpers import assert_rel, small_conformer
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
 
 def _model(**overrides) -> ConformerModel:
-    encoder = ConformerEncoderConfig(input_dim=24, output_size=64, attention_heads=4, linear_units=96, num_blocks=2,
-                                     cnn_module_kernel=7, causal=True, cnn_module_norm="layer_norm",
-                                     use_dynamic_chunk=True)
-    encoder = attrs.evolve(encoder, **overrides)
-    torch.manual_seed(5)
-    model = ConformerModel(ConformerModelConfig(vocab_size=40, encoder=encoder)).eval()
-    with torch.no_grad():
-        for name, tensor in model.state_dict().items():
-            if name.endswith(("pos_bias_u", "pos_bias_v")):
-                tensor.normal_(0, 0.3)
-    return model
+    return small_conformer(5, **overrides)
 
 
 def _batch():
