@@ -172,3 +172,24 @@ def espeak(text: str, out: Path) -> np.ndarray:
 def speech(tmp_path_factory) -> list:
     out = tmp_path_factory.mktemp("parakeet_espeak")
     return [espeak(text, out / f"s{i}.wav") for i, text in enumerate(SENTENCES)]
+
+
+#: the small encoder of the fast-path tests (16 mels, 2 layers of 32)
+SMALL_ENCODER = dict(num_mel_bins=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                     conv_kernel_size=9, subsampling_conv_channels=8)
+
+
+@pytest.fixture()
+def encoder():
+    """A small random ``FastConformerEncoder`` in eval mode (seed 0)."""
+    from oasr_models_hf.fastconformer.config import FastConformerConfig
+    from oasr_models_hf.fastconformer.encoder import FastConformerEncoder
+
+    torch.manual_seed(0)
+    return FastConformerEncoder(FastConformerConfig(vocab_size=9, blank_id=8, **SMALL_ENCODER)).eval()
+
+
+def run_encoder(encoder, feats: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+    """The encoder's hidden states under ``no_grad``."""
+    with torch.no_grad():
+        return encoder(feats, lens)[0]

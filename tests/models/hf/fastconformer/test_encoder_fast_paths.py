@@ -10,22 +10,8 @@ from torch.nn import functional as F
 
 from oasr.layers import LinearActivation, packed
 from oasr_models_hf.fastconformer import encoder as fc
-from oasr_models_hf.fastconformer.config import FastConformerConfig
-from oasr_models_hf.fastconformer.encoder import FastConformerEncoder
 
-SHAPE = dict(num_mel_bins=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-             conv_kernel_size=9, subsampling_conv_channels=8)
-
-
-@pytest.fixture()
-def encoder():
-    torch.manual_seed(0)
-    return FastConformerEncoder(FastConformerConfig(vocab_size=9, blank_id=8, **SHAPE)).eval()
-
-
-def _run(encoder, feats, lens):
-    with torch.no_grad():
-        return encoder(feats, lens)[0]
+from .conftest import run_encoder
 
 
 @pytest.mark.parametrize("rows", [1, 15, 16, 37, 64, 100, 577, 1100])
@@ -79,21 +65,21 @@ def test_position_projection_is_kept_sliced_and_equals_recomputing(encoder, monk
         return true_forward(module, x)
 
     monkeypatch.setattr(type(layer), "forward", counted)
-    cached = [_run(encoder, f, n) for f, n in inputs]
+    cached = [run_encoder(encoder, f, n) for f, n in inputs]
     # 700 frames -> 88 after 8x: one table of +-127 projected once, reused for 38 and 125 frames; 12 frames reuse it
     assert calls == [255], calls
     monkeypatch.setattr(fc, "POSITION_CACHE_ELEMENTS", 0)  # every call projects its own 2T - 1 rows
-    fresh = [_run(encoder, f, n) for f, n in inputs]
+    fresh = [run_encoder(encoder, f, n) for f, n in inputs]
     assert calls[1:] == [175, 75, 249, 23]
     for a, b in zip(cached, fresh, strict=True):
         assert float((a - b).abs().max() / b.abs().max()) < 1e-5
     monkeypatch.setattr(fc, "POSITION_CACHE_ELEMENTS", 1 << 20)
     with torch.no_grad():
         layer.weight.mul_(3.0)  # an in-place edit of the weight: the kept projection must not be served
-    changed = _run(encoder, *inputs[1])
+    changed = run_encoder(encoder, *inputs[1])
     assert float((changed - cached[1]).abs().max()) > 1e-3
     monkeypatch.setattr(fc, "POSITION_CACHE_ELEMENTS", 0)
-    assert torch.allclose(changed, _run(encoder, *inputs[1]), rtol=1e-5, atol=1e-5)
+    assert torch.allclose(changed, run_encoder(encoder, *inputs[1]), rtol=1e-5, atol=1e-5)
 
 
 def test_position_projection_is_recomputed_under_grad(encoder):

@@ -4,27 +4,13 @@ repacked, and training (grad enabled) keeps the plain forward."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from oasr.layers import Linear, LinearActivation, PointwiseConv1d, packed
 from oasr_models_hf.fastconformer import encoder as fc
-from oasr_models_hf.fastconformer.config import FastConformerConfig
 from oasr_models_hf.fastconformer.encoder import FastConformerEncoder
 
-SHAPE = dict(num_mel_bins=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-             conv_kernel_size=9, subsampling_conv_channels=8)
-
-
-@pytest.fixture()
-def encoder():
-    torch.manual_seed(0)
-    return FastConformerEncoder(FastConformerConfig(vocab_size=9, blank_id=8, **SHAPE)).eval()
-
-
-def _run(encoder, feats, lens):
-    with torch.no_grad():
-        return encoder(feats, lens)[0]
+from .conftest import run_encoder
 
 
 def test_the_oneDNN_ops_exist_on_this_torch():
@@ -38,17 +24,17 @@ def test_every_gemm_layer_is_packed_and_the_keys_stay(encoder):
     keys = set(encoder.state_dict())
     assert {"layers.0.feed_forward1.linear1.weight", "layers.1.self_attn.relative_k_proj.weight",
             "layers.0.conv.pointwise_conv1.weight", "subsampling.linear.bias"} <= keys
-    _run(encoder, torch.randn(1, 64, 16), torch.tensor([64]))
+    run_encoder(encoder, torch.randn(1, 64, 16), torch.tensor([64]))
     assert set(encoder.state_dict()) == keys
 
 
 def test_packed_output_equals_plain_linear(encoder, monkeypatch):
     feats, lens = torch.randn(2, 640, 16), torch.tensor([640, 477])  # > packed.MIN_ROWS frames after 8x
     packed._packs.clear()
-    fast = _run(encoder, feats, lens)
+    fast = run_encoder(encoder, feats, lens)
     assert any(m in packed._packs for m in encoder.modules())
     monkeypatch.setenv("OASR_KERNELS", "0")  # the reference path: plain F.linear
-    plain = _run(encoder, feats, lens)
+    plain = run_encoder(encoder, feats, lens)
     err = float((fast - plain).abs().max() / plain.abs().max())
     assert err < 1e-5, f"relative error {err:.2e}"
 
@@ -56,16 +42,16 @@ def test_packed_output_equals_plain_linear(encoder, monkeypatch):
 def test_a_reloaded_weight_is_repacked(encoder):
     feats, lens = torch.randn(1, 800, 16), torch.tensor([800])
     packed._packs.clear()
-    before = _run(encoder, feats, lens)
+    before = run_encoder(encoder, feats, lens)
     state = {k: v.clone() for k, v in encoder.state_dict().items()}
     state["layers.0.feed_forward1.linear1.weight"].mul_(2.0)
     encoder.load_state_dict(state)
-    after = _run(encoder, feats, lens)
+    after = run_encoder(encoder, feats, lens)
     assert encoder.layers[0].feed_forward1.linear1 in packed._packs  # the packed path ran
     assert float((after - before).abs().max()) > 1e-3
     fresh = FastConformerEncoder(encoder.config).eval()
     fresh.load_state_dict(state)
-    assert torch.allclose(after, _run(fresh, feats, lens), rtol=1e-5, atol=1e-6)
+    assert torch.allclose(after, run_encoder(fresh, feats, lens), rtol=1e-5, atol=1e-6)
 
 
 def test_grad_enabled_keeps_the_plain_forward(encoder):
