@@ -64,10 +64,14 @@ class Int8Weight:
         self._with_bias: Any = None
         self._with_bias_key: tuple | None = None
         self.reduce_range = not _vnni()
+        self.generation = 0  # bumped on every reload, so packed groups holding this weight repack
+        self._groups: dict[tuple[int, ...], tuple[tuple, Any, torch.Tensor | None]] = {}
 
     def invalidate(self) -> None:
         self._packed = None
         self._with_bias = None
+        self._groups.clear()
+        self.generation += 1
 
     def _pack(self, bias: torch.Tensor | None):
         lin = self.linear
@@ -96,7 +100,7 @@ class Int8Weight:
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         lin = self.linear
-        if x.device.type == "cpu" and "fbgemm" in torch.backends.quantized.supported_engines:
+        if _fbgemm(x):
             rows = x.float().reshape(-1, x.shape[-1])
             if rows.shape[0] == 1:  # the row's own scale is fbgemm's per-tensor scale
                 packed = self._prepacked() if bias is None else self._prepacked_with_bias(bias)
@@ -112,6 +116,57 @@ class Int8Weight:
             return out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)
         weight = lin.weight.to(x.dtype) * lin.weight_scale.to(x.dtype)[:, None]
         return F.linear(x, weight, bias)
+
+
+def _fbgemm(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and "fbgemm" in torch.backends.quantized.supported_engines
+
+
+def _group_key(linears: tuple[Linear, ...]) -> tuple:
+    return tuple((lin.weight.data_ptr(), lin.weight_scale.data_ptr(), lin._int8.generation,
+                  None if lin.bias is None else (lin.bias.data_ptr(), lin.bias._version)) for lin in linears)
+
+
+def _group_pack(linears: tuple[Linear, ...]) -> tuple[Any, torch.Tensor | None]:
+    """fbgemm's packed ``cat(weights)`` (per output channel) and ``cat(biases)`` of int8 ``linears``,
+    kept on the first one's hook and rebuilt when any member's tensors move or are reloaded."""
+    owner: Int8Weight = linears[0]._int8
+    group = tuple(id(lin) for lin in linears)
+    key = _group_key(linears)
+    hit = owner._groups.get(group)
+    if hit is not None and hit[0] == key:
+        return hit[1], hit[2]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch marks quantized tensor constructors as deprecated
+        scales = torch.cat([lin.weight_scale for lin in linears]).double().cpu()
+        qweight = torch._make_per_channel_quantized_tensor(
+            torch.cat([lin.weight for lin in linears]).cpu(), scales, torch.zeros_like(scales, dtype=torch.long), 0)
+        packed = torch.ops.quantized.linear_prepack(qweight, None)
+    if all(lin.bias is None for lin in linears):
+        bias = None
+    else:
+        bias = torch.cat([lin.bias.detach().float() if lin.bias is not None else lin.weight_scale.new_zeros(
+            lin.out_features) for lin in linears])
+    owner._groups[group] = (key, packed, bias)
+    return packed, bias
+
+
+def int8_linear_group(linears, x: torch.Tensor) -> torch.Tensor:
+    """``cat([lin(x) for lin in linears], -1)`` for int8 waist linears sharing one input (e.g. q, k, v):
+    one fbgemm GEMM over the concatenated weights, the input's per-row scaling done once.  The same
+    numbers as the separate calls (one input block quantized once; int32 accumulation is exact)."""
+    linears = tuple(linears)
+    if not all(getattr(lin, "_int8", None) is not None for lin in linears) or not _fbgemm(x) or len(linears) < 2:
+        return torch.cat([lin(x) for lin in linears], dim=-1)
+    hook: Int8Weight = linears[0]._int8
+    rows = x.float().reshape(-1, x.shape[-1])
+    packed, bias = _group_pack(linears)
+    scale = rows.abs().amax(dim=1, keepdim=True).clamp_min_(torch.finfo(torch.float32).tiny)
+    out = torch.ops.quantized.linear_dynamic(rows / scale, packed, hook.reduce_range)
+    out.mul_(scale)
+    if bias is not None:
+        out.add_(bias)
+    return out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)
 
 
 def _int8_storage(linear: Linear, weight: torch.Tensor | None) -> None:

@@ -28,11 +28,18 @@ from oasr.layers import (
     packed,
     split_heads,
 )
+from oasr.layers.quant import int8_linear_group
 from oasr.models.base import BaseEncoder
 from oasr_models_hf.whisper.config import WhisperConfig
 
 #: bias of q, k, v, out: Whisper's k_proj has none
 ATTN_BIAS = (True, False, True, True)
+
+
+def _int8_fused(group: tuple[nn.Module, ...], x: torch.Tensor) -> bool:
+    """The int8 fast path: q/k/v int8 (one fbgemm GEMM), CPU float32 inference; the layer's other
+    linears take whichever path their own precision has (``packed`` falls back per module)."""
+    return all(getattr(lin, "_int8", None) is not None for lin in group) and packed.fusable((), x, min_rows=1)
 
 
 class WhisperEncoderLayer(nn.Module):
@@ -48,17 +55,23 @@ class WhisperEncoderLayer(nn.Module):
         """Pre-norm self-attention then MLP, each with its residual.  On the CPU fast path
         (:mod:`oasr.layers.packed`: fp32 linears, inference) q/k/v run as one prepacked GEMM, fc1's
         exact GELU and the residual adds of ``out_proj`` and ``fc2`` are GEMM epilogues, over blocks of
-        ``block_rows`` frames; otherwise (an int8 linear among them, autograd, not the CPU) the
-        reference ops run."""
+        ``block_rows`` frames.  With int8 q/k/v (:func:`oasr.layers.quant.int8_linear_group`) they run as
+        one fbgemm GEMM per block with one per-row scaling pass, and the others on their own precision's
+        path (an int8 linear's output takes its GELU / residual add in place, an fp32 one the packed
+        epilogue), so a full window's int8 rounding depends on that window's frames only.  Otherwise
+        (autograd, not the CPU, ``OASR_KERNELS=0``, a mixed q/k/v) the reference ops run."""
         sa = self.self_attn
         group = tuple(getattr(sa, name) for name in sa.names[:3])
         out_proj = getattr(sa, sa.names[3])
-        if not packed.fusable((*group, out_proj, self.fc1, self.fc2), x):
+        if packed.fusable((*group, out_proj, self.fc1, self.fc2), x):
+            project = packed.linear_group
+        elif _int8_fused(group, x):
+            project = int8_linear_group
+        else:
             attn = sa(self.self_attn_layer_norm(x))
             normed, x = self.final_layer_norm.add_forward(attn, x)
             return x + self.fc2(self.fc1(normed))
-        qkv = packed.blocked(lambda rows: packed.linear_group(group, rows), self.self_attn_layer_norm(x),
-                             block_rows=block_rows)
+        qkv = packed.blocked(lambda rows: project(group, rows), self.self_attn_layer_norm(x), block_rows=block_rows)
         q, k, v = (split_heads(t, sa.n_heads) for t in qkv.chunk(3, dim=-1))
         out = merge_heads(F.scaled_dot_product_attention(q, k, v, scale=sa.core.scale))
         x = packed.blocked(lambda rows, res: packed.linear_add(out_proj, rows, res), out, x, block_rows=block_rows)
