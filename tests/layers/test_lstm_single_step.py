@@ -28,3 +28,22 @@ def test_one_step_equals_torch_lstm(layers, given_state):
     # a longer sequence, or grad enabled, keeps torch's own kernel
     assert not ours._single_step(torch.randn(3, 2, 12))
     assert not ours._single_step(x)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_one_step_follows_weight_changes(bias):
+    """The one-step path's fused weight copy is re-derived after load_state_dict and in-place edits."""
+    torch.manual_seed(3)
+    ours = LSTM(12, 16, 2, bias=bias).eval()
+    ref = torch.nn.LSTM(12, 16, 2, bias=bias, batch_first=True).eval()
+    x = torch.randn(2, 1, 12)
+    hx = (torch.randn(2, 2, 16), torch.randn(2, 2, 16))
+    with torch.no_grad():
+        ours(x, hx)  # derives the copy of the first weights
+        ours.load_state_dict(ref.state_dict())
+        for a, b in zip(ours(x, hx)[1], ref(x, hx)[1], strict=True):
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+        ours.weight_hh_l1.mul_(2.0)
+        ref.weight_hh_l1.mul_(2.0)
+        for a, b in zip(ours(x, hx)[1], ref(x, hx)[1], strict=True):
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -11,8 +11,13 @@ class LSTM(nn.LSTM):
 
     Subclassed rather than wrapped so checkpoint keys stay flat; the fused recurrent kernel is
     torch's own.  One time step on CPU in inference (a transducer predictor's step) runs layer by layer
-    through ``torch.lstm_cell`` instead: torch's CPU ``lstm`` hands every call to oneDNN, which reorders
-    all the weights per call (a 2 × 640 predictor step: ~35 ms against ~7 ms).
+    as one GEMM per layer instead: ``[x, h] @ [W_ih | W_hh]^T + (b_ih + b_hh)`` over a copy of the two
+    weights laid out (input + hidden, 4 · hidden) row-major, then the gates (i, f, g, o, torch's
+    order).  torch's CPU ``lstm`` hands every call to oneDNN, which reorders all the weights per call (a
+    2 × 640 predictor step: ~35 ms), and ``torch.lstm_cell`` runs two sgemms over the (4 · hidden, in)
+    weights (~2.8 ms); the one-row GEMM over the row-major copy streams the weights once (~1.8 ms,
+    ``benchmarks/tdt_search.py``).  The copy is derived data (a second copy of the LSTM's weights), kept
+    per layer keyed by the parameters' storage and version, so a weight change or ``.to()`` re-derives it.
     """
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, *, bias: bool = True,
@@ -25,6 +30,19 @@ class LSTM(nn.LSTM):
                 and self.proj_size == 0 and x.device.type == "cpu" and not torch.is_grad_enabled()
                 and (not self.training or self.dropout == 0))
 
+    def _step_weights(self, layer: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Layer ``layer``'s ``[W_ih | W_hh]^T`` (in + hidden, 4 · hidden), contiguous, and ``b_ih + b_hh`` (1, 4 · hidden)."""
+        names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh") if self.bias else ("weight_ih", "weight_hh")
+        params = [getattr(self, f"{name}_l{layer}") for name in names]
+        key = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
+        cache = self.__dict__.setdefault("_step_cache", {})
+        hit = cache.get(layer)
+        if hit is None or hit[0] != key:
+            weight = torch.cat(params[:2], 1).t().contiguous()
+            bias = (params[2] + params[3])[None] if self.bias else None
+            hit = cache[layer] = (key, weight, bias)
+        return hit[1], hit[2]
+
     def forward(self, input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None):
         if not self._single_step(input):
             return super().forward(input, hx)
@@ -33,9 +51,12 @@ class LSTM(nn.LSTM):
             hx = (zeros, zeros)
         x, hs, cs = input[:, 0], [], []
         for layer in range(self.num_layers):
-            weights = [getattr(self, f"{name}_l{layer}") if self.bias or name.startswith("weight") else None
-                       for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
-            h, c = torch.lstm_cell(x, (hx[0][layer], hx[1][layer]), *weights)
+            weight, bias = self._step_weights(layer)
+            xh = torch.cat((x, hx[0][layer]), 1)
+            gates = xh @ weight if bias is None else torch.addmm(bias, xh, weight)
+            i, f, g, o = gates.chunk(4, 1)
+            c = torch.sigmoid(f) * hx[1][layer] + torch.sigmoid(i) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(c)
             hs.append(h)
             cs.append(c)
             x = h
