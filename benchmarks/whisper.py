@@ -34,7 +34,7 @@ SAMPLE_RATE = 16000
 
 
 class Oasr:
-    def __init__(self, model_dir: str, quantized: bool, mode: str, batch: int):
+    def __init__(self, model_dir: str, quantized: bool, mode: str, batch: int, int8_fused: bool = True):
         from oasr.checkpoints.loading import load_pretrained
         from oasr.decoding.strategy import DecodeContext
         from oasr.engine.options import DecodingOptions
@@ -48,6 +48,8 @@ class Oasr:
 
             model = copy.deepcopy(model)
             quantize_model_int8(model)
+            for layer in model.encoder.layers:
+                layer.int8_fused = int8_fused  # False: the int8 encoder layers on the reference ops
         ctx = DecodeContext(model=model, tokenizer=build_tokenizer(loaded.tokenizer_spec, loaded.tokenizer_root),
                             decoding_defaults=loaded.decoding_defaults, feature_config=None,
                             device=torch.device("cpu"))
@@ -121,12 +123,14 @@ def report(title, systems, clips, best, cpu, texts) -> None:
         print(f"{name:36s} {seconds / best[name]:9.1f} {ratio:>18s} {seconds / cpu[name]:13.1f} {cpu_ratio:>11s} "
               f"{100 * corpus_wer(refs, texts[name]):6.1f}% {same:>9s}")
     for mode in ("greedy", "defaults"):
-        fp, q = systems.get(f"oasr fp32 {mode}"), systems.get(f"oasr int8 {mode}")
-        if fp is not None and q is not None:
+        fp = systems.get(f"oasr fp32 {mode}")
+        for q_name, q in systems.items():
+            if fp is None or not q_name.startswith(f"oasr int8 {mode}"):
+                continue
             same = sum(a == b for a, b in zip(fp.tokens, q.tokens, strict=True))
             agree = 1 - sum(edit_distance(a, b) for a, b in zip(fp.tokens, q.tokens, strict=True)) / max(
                 1, sum(len(a) for a in fp.tokens))
-            print(f"OASR int8 vs fp32 ({mode}): {same}/{len(clips)} token-identical, token agreement "
+            print(f"{q_name} vs OASR fp32: {same}/{len(clips)} token-identical, token agreement "
                   f"{100 * agree:.1f}% (1 - token edit distance / fp32 tokens)")
     for name, system in systems.items():
         if isinstance(system, Oasr) and system.timings:
@@ -321,6 +325,8 @@ def main() -> None:
     parser.add_argument("--only", choices=("short", "long"), default=None)
     parser.add_argument("--steps", type=int, default=0,
                         help="instead: CPU ms per decoder step at one row (OASR vs CTranslate2) over this many steps")
+    parser.add_argument("--int8-ab", action="store_true",
+                        help="also OASR int8 greedy with its encoder layers on the reference int8 ops")
     parser.add_argument("--sensitivity", action="store_true",
                         help="instead: int8 token agreement per group of linears on the short set")
     args = parser.parse_args()
@@ -344,6 +350,8 @@ def main() -> None:
             factories[f"oasr {precision} {mode}"] = (lambda q=quantized, m=mode: Oasr(model_dir, q, m, 16))
             factories[f"faster-whisper {precision} {mode}"] = (
                 lambda p=precision, m=mode: FasterWhisper(model_dir, "int8" if p == "int8" else "float32", m))
+    if args.int8_ab:
+        factories["oasr int8 greedy reference-encoder"] = lambda: Oasr(model_dir, True, "greedy", 16, False)
     systems = {name: make() for name, make in factories.items() if name not in args.skip}
     for system in systems.values():
         system.run(clips[:2])

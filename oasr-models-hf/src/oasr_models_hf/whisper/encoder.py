@@ -43,6 +43,9 @@ def _int8_fused(group: tuple[nn.Module, ...], x: torch.Tensor) -> bool:
 
 
 class WhisperEncoderLayer(nn.Module):
+    #: False: an int8 layer keeps the reference ops (the A/B of ``benchmarks/whisper.py --int8-ab``)
+    int8_fused = True
+
     def __init__(self, d_model: int, heads: int, ffn_dim: int):
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, heads, bias=ATTN_BIAS)
@@ -65,7 +68,7 @@ class WhisperEncoderLayer(nn.Module):
         out_proj = getattr(sa, sa.names[3])
         if packed.fusable((*group, out_proj, self.fc1, self.fc2), x):
             project = packed.linear_group
-        elif _int8_fused(group, x):
+        elif self.int8_fused and _int8_fused(group, x):
             project = int8_linear_group
         else:
             attn = sa(self.self_attn_layer_norm(x))
