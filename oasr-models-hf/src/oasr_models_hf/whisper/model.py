@@ -115,11 +115,15 @@ class WhisperDecoder(nn.Module):
     #: decoder K/V are dense per-row buffers (no paged pool), so steps are not graph-capturable
     supports_paged_kv = False
     supports_step_graphs = False
-    #: the search's greedy and beam steps project an fp32 table through :meth:`vocab_screen`: the
-    #: fp32 token decisions from fewer bytes (tiny.en, one row: 1.14x per greedy token, the same
-    #: tokens), but an approximate log-softmax normalizer (avg_logprob off by up to 1.6e-3 on
-    #: tiny.en), which the temperature fallback's log-prob threshold reads: so opt-in
-    screen_vocabulary = False
+    #: the search's greedy steps project an fp32 table through :meth:`vocab_screen`: the fp32 token
+    #: decisions from fewer bytes, and the exact log-probabilities from one batched fp32 product
+    #: over many steps afterwards (``search._DeferredLogprobs``): the same tokens and avg_logprob as
+    #: the full product.  On by default (CPU, fp32 table, fbgemm); set False on an instance (or the
+    #: class) to turn it off
+    screen_vocabulary = True
+    #: ... and the beam search's steps too: its per-step scores rank hypotheses and take the screen's
+    #: approximate normalizer (off by up to 1.6e-3 per avg_logprob on tiny.en), so opt-in
+    screen_beam_vocabulary = False
     #: ... and an int8 output projection too (decisions on the fp32 table instead of its top
     #: ``RESCORED_TOP`` rescored; measured on tiny.en: the same tokens and time, so off)
     screen_int8_vocabulary = False

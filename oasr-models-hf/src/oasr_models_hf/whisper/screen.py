@@ -27,10 +27,13 @@ beam + 1), the logit rules' masks already applied to the approximate logits:
   may), so the argmax, the top ``k`` and the timestamp rule (the log-sum-exp of the timestamp logits
   against the best text logit) decide as the fp32 product does;
 * every other logit is approximate and provably below the decision threshold;
-* not exact: the log-softmax normalizer (it sums every logit), so a token's log-probability,
-  ``sum_logprob`` / ``avg_logprob`` and beam scores carry an error (measured on tiny.en's 34
-  benchmark clips: ``avg_logprob`` within 1.6e-3, mean 4.7e-4; docs/benchmarks.md, "int8-screened
-  vocabulary projection"), which is why :attr:`WhisperDecoder.screen_vocabulary` is opt-in.
+* not exact: the log-softmax normalizer (it sums every logit), so a log-probability taken from
+  the screened row carries an error (tiny.en's 34 benchmark clips: ``avg_logprob`` within 1.6e-3,
+  mean 4.7e-4; docs/benchmarks.md, "int8-screened vocabulary projection").  The greedy search
+  therefore takes its log-probabilities from a batched fp32 product of many steps' hidden states
+  afterwards (exact; :attr:`WhisperDecoder.screen_vocabulary`, on by default); the beam search,
+  whose scores rank hypotheses at every step, screens only with
+  :attr:`WhisperDecoder.screen_beam_vocabulary` (opt-in).
 
 When more than :data:`MAX_EXACT` text rows would need recomputing (a flat distribution) ``resolve``
 returns False and the caller takes the full fp32 product.  Sampling and the prefill (first token,

@@ -195,20 +195,61 @@ def _project(decoder: WhisperDecoder, screen: VocabScreen | None, state: Whisper
 
 def _filter(decoder: WhisperDecoder, screen: VocabScreen | None, rules: LogitRules, logits: torch.Tensor,
             screened: Screened | None, k: int, generated: Sequence[list[int]], timestamps: Sequence[bool],
-            suppress: Sequence[tuple[int, ...] | None]) -> torch.Tensor:
-    """The rules applied to a step's ``logits``.  Screened logits (``screened.logits is logits``): the
-    masks first, then the screen makes exact every logit the row's ``k`` best and the timestamp rule
-    can depend on, then that rule; the full fp32 product when too many would need recomputing."""
+            suppress: Sequence[tuple[int, ...] | None]) -> tuple[torch.Tensor, bool]:
+    """The rules applied to a step's ``logits``, and whether the result is screened.  Screened logits
+    (``screened.logits is logits``): the masks first, then the screen makes exact every logit the row's
+    ``k`` best and the timestamp rule can depend on, then that rule; the full fp32 product (not
+    screened) when too many would need recomputing."""
     if screen is not None and screened is not None:
         rules.apply(logits, generated, timestamps, suppress, outweigh=False)
         if screen.resolve(screened, k, torch.tensor(list(timestamps), dtype=torch.bool, device=logits.device)):
             ts_rows = [j for j, flag in enumerate(timestamps) if flag]
             if ts_rows:
                 rules.outweigh(logits, ts_rows)
-            return logits
+            return logits, True
         logits = decoder.logits(screened.hidden).float()
     rules.apply(logits, generated, timestamps, suppress)
-    return logits
+    return logits, False
+
+
+class _DeferredLogprobs:
+    """The exact log-probabilities of screened greedy steps, computed in batches after the steps.
+
+    A screened row's chosen logit is exact but its log-softmax normalizer is not (most logits are
+    int8 approximations).  Greedy decisions never read a log-probability, so each screened step
+    keeps its final hidden state, the rules' mask of its row (the -inf entries of the filtered
+    logits) and its token; :meth:`flush` projects up to :data:`FLUSH_ROWS` of them through the fp32
+    table at once (one read of the table for many steps) and adds the chosen token's log-softmax
+    over the unmasked logits to ``sums``: the log-probability the full product gives.
+    """
+
+    FLUSH_ROWS = 256
+
+    def __init__(self, decoder: WhisperDecoder, sums: list[float]):
+        self.decoder, self.sums = decoder, sums
+        self.owners: list[int] = []
+        self.hidden: list[torch.Tensor] = []
+        self.masks: list[torch.Tensor] = []
+        self.tokens: list[torch.Tensor] = []
+
+    def add(self, owners: list[int], hidden: torch.Tensor, filtered: torch.Tensor, tokens: torch.Tensor) -> None:
+        self.owners.extend(owners)
+        self.hidden.append(hidden)
+        self.masks.append(torch.isinf(filtered))
+        self.tokens.append(tokens)
+        if len(self.owners) >= self.FLUSH_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.owners:
+            return
+        logits = self.decoder.logits(torch.cat(self.hidden)).float()
+        logits.masked_fill_(torch.cat(self.masks), NEG_INF)
+        # the full product's own log_softmax (as openai-whisper's): its fp32 sums, not a closer one
+        logprobs = F.log_softmax(logits, dim=-1).gather(1, torch.cat(self.tokens)[:, None])[:, 0]
+        for i, lp in zip(self.owners, logprobs.tolist(), strict=True):
+            self.sums[i] += lp
+        self.owners, self.hidden, self.masks, self.tokens = [], [], [], []
 
 
 def _select(logits: torch.Tensor, temperatures: list[float], generators: list[torch.Generator | None]
@@ -238,6 +279,7 @@ def _greedy(decoder: WhisperDecoder, cross, tasks: list[WindowTask], rules: Logi
     screened: Screened | None = None
     generated: list[list[int]] = [[] for _ in tasks]
     sum_lp = [0.0] * len(tasks)
+    deferred = _DeferredLogprobs(decoder, sum_lp)
     # ``rows``: the task of each batch row.  A finished row rides along (fed end-of-text) until a
     # quarter of the batch has finished: dropping rows copies every other row's K/V, so it is batched.
     rows = [i for i, t in enumerate(tasks) if _length_limit(t, n_ctx) > 0]
@@ -248,13 +290,17 @@ def _greedy(decoder: WhisperDecoder, cross, tasks: list[WindowTask], rules: Logi
         if len(live) < len(rows) and screened is not None:
             screened = screened.take(live)
         sub = screened.logits if screened is not None else logits if len(live) == len(rows) else logits[live]
-        sub = _filter(decoder, screen, rules, sub, screened, 1, [generated[rows[j]] for j in live],
-                      [tasks[rows[j]].timestamps for j in live], [tasks[rows[j]].suppress for j in live])
+        sub, exact_later = _filter(decoder, screen, rules, sub, screened, 1, [generated[rows[j]] for j in live],
+                                   [tasks[rows[j]].timestamps for j in live], [tasks[rows[j]].suppress for j in live])
         chosen = _select(sub, [tasks[rows[j]].temperature for j in live],
                          [tasks[rows[j]].generator or generator for j in live])
-        logprobs = F.log_softmax(sub, dim=-1).gather(1, chosen[:, None])[:, 0]
+        if exact_later:  # the screened normalizer is approximate: the exact one after the steps
+            deferred.add([rows[j] for j in live], screened.hidden, sub, chosen)
+            logprobs = [0.0] * len(live)
+        else:
+            logprobs = F.log_softmax(sub, dim=-1).gather(1, chosen[:, None])[:, 0].tolist()
         still, full = [], False
-        for j, token, lp in zip(live, chosen.tolist(), logprobs.tolist(), strict=False):
+        for j, token, lp in zip(live, chosen.tolist(), logprobs, strict=False):
             i = rows[j]
             generated[i].append(token)
             sum_lp[i] += lp
@@ -275,6 +321,7 @@ def _greedy(decoder: WhisperDecoder, cross, tasks: list[WindowTask], rules: Logi
             still = list(range(len(rows)))
         live = still
         logits, screened = _project(decoder, screen, state, feed)
+    deferred.flush()
     results = []
     for i, task in enumerate(tasks):
         tokens = generated[i][:-1] if generated[i] and generated[i][-1] == gen.eot_id else generated[i]
@@ -310,10 +357,12 @@ def _beam(decoder: WhisperDecoder, cross, tasks: list[WindowTask], rules: LogitR
     sums: list[list[float]] = [[0.0] * beam for _ in tasks]
     finished: list[dict[tuple[int, ...], float]] = [{} for _ in tasks]
     max_candidates = [max(1, round(beam * t.patience)) for t in tasks]
-    screen, screened = decoder.vocab_screen(eot), None
+    # beam scores rank hypotheses at every step: screened only with the approximate normalizer allowed
+    screen = decoder.vocab_screen(eot) if decoder.screen_beam_vocabulary else None
+    screened = None
     while alive:
         generated = [list(beams[i][b]) for i in alive for b in range(beam)]
-        logits = _filter(decoder, screen, rules, logits, screened, beam + 1, generated,
+        logits, _ = _filter(decoder, screen, rules, logits, screened, beam + 1, generated,
                          [tasks[i].timestamps for i in alive for _ in range(beam)],
                          [tasks[i].suppress for i in alive for _ in range(beam)])
         top_lp, top_ids = F.log_softmax(logits, dim=-1).topk(beam + 1, dim=-1)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from oasr.decoding.strategy import DecodeBatch
 from oasr.engine.options import DecodingOptions
 from oasr_models_hf.whisper import screen as screen_mod
+from oasr_models_hf.whisper import search as search_mod
 from oasr_models_hf.whisper.screen import VocabScreen, accumulates_exactly
 from oasr_models_hf.whisper.search import WindowTask, search_windows
 
@@ -140,12 +141,64 @@ def _tasks(prompt, timestamps, n, beam=None, max_new=40):
 
 def _search_both(model, cross, tasks, gen):
     decoder = copy.copy(model.decoder)
-    decoder.screen_vocabulary = False
+    decoder.screen_vocabulary = decoder.screen_beam_vocabulary = False
     plain = search_windows(decoder, cross[0], cross[1], tasks, gen)
     screened_decoder = copy.copy(decoder)
-    screened_decoder.screen_vocabulary = True
+    screened_decoder.screen_vocabulary = screened_decoder.screen_beam_vocabulary = True
     screened = search_windows(screened_decoder, cross[0], cross[1], tasks, gen)
     return plain, screened
+
+
+def test_screen_is_on_by_default_for_greedy_only(tiny):
+    decoder = tiny.model.decoder
+    assert type(decoder).screen_vocabulary is True
+    assert type(decoder).screen_beam_vocabulary is False
+    assert type(decoder).screen_int8_vocabulary is False
+    assert decoder.vocab_screen(tiny.config.generation.eot_id) is not None
+
+
+@pytest.fixture
+def normalizer_gaps(monkeypatch):
+    """Per window: how far the screened rows' own (approximate) log-softmax would put its sum_logprob
+    from the exact one (the fp32 product of the same hidden states under the same masks)."""
+    gaps: dict[int, float] = {}
+    original = search_mod._DeferredLogprobs.add
+
+    def spy(self, owners, hidden, filtered, tokens):
+        approx = F.log_softmax(filtered, dim=-1).gather(1, tokens[:, None])[:, 0]
+        full = F.linear(hidden.double(), self.decoder.embed_tokens.weight.double())
+        exact = F.log_softmax(full.masked_fill(torch.isinf(filtered), float("-inf")), dim=-1)
+        diff = (approx.double() - exact.gather(1, tokens[:, None])[:, 0]).tolist()
+        for i, d in zip(owners, diff, strict=True):
+            gaps[i] = gaps.get(i, 0.0) + d
+        original(self, owners, hidden, filtered, tokens)
+
+    monkeypatch.setattr(search_mod._DeferredLogprobs, "add", spy)
+    return gaps
+
+
+def _assert_exact_logprobs(plain, screened, gaps, min_gap):
+    """Screened greedy results carry the plain path's sum_logprob / avg_logprob within float noise,
+    where the screened rows' own normalizer puts some window's avg_logprob more than ``min_gap`` off."""
+    assert [r.tokens for r in screened] == [r.tokens for r in plain]
+    assert gaps, "no step was screened: nothing is compared"
+    for got, ref in zip(screened, plain, strict=True):
+        assert got.avg_logprob == pytest.approx(ref.avg_logprob, abs=1e-5)
+        assert got.sum_logprob == pytest.approx(ref.sum_logprob, abs=1e-5 * (len(ref.tokens) + 1))
+    worst = max(abs(gaps[i]) / (len(plain[i].tokens) + 1) for i in gaps)
+    assert worst > min_gap, f"the approximate normalizer is as close ({worst:.2e}): the check has no teeth"
+
+
+@pytest.mark.parametrize("timestamps", [True, False])
+def test_tiny_random_screened_greedy_logprobs_are_exact(tiny, chirp_features, normalizer_gaps, timestamps):
+    model, gen = tiny.model, tiny.config.generation
+    prompt = [gen.sot_id, 50259, gen.transcribe_id] + ([] if timestamps else [gen.no_timestamps_id])
+    with torch.no_grad():
+        enc, _ = model.encode_offline(chirp_features.transpose(1, 2))
+        cross = model.decoder.cross_kv(enc)
+        plain, screened = _search_both(model, cross, _tasks(prompt, timestamps, cross[0][0].shape[0]), gen)
+    assert sum(len(r.tokens) for r in plain) >= 20 * len(plain)
+    _assert_exact_logprobs(plain, screened, normalizer_gaps, 1e-5)
 
 
 @pytest.mark.parametrize("timestamps", [True, False])
@@ -164,8 +217,27 @@ def test_tiny_random_screened_greedy_equals_plain(tiny, chirp_features, count_re
     assert count_resolves.count(True) >= 20, f"the screen decided only {count_resolves.count(True)} steps"
 
 
+@pytest.mark.parametrize("timestamps", [True, False])
+def test_tiny_en_screened_greedy_logprobs_are_exact(tiny_en_strategy, beckett, sample_wav, normalizer_gaps,
+                                                    timestamps):
+    strategy = tiny_en_strategy
+    model, gen = strategy.ctx.model, strategy.gen
+    prompt = [gen.sot_id] + ([] if timestamps else [gen.no_timestamps_id])
+    with torch.inference_mode():
+        mels = [strategy.log_mels([torch.from_numpy(clip)])[0][:, : model.config.input_frames] for clip in
+                (beckett, sample_wav)]
+        width = max(m.shape[1] for m in mels)
+        mel = torch.stack([F.pad(m, (0, width - m.shape[1])) for m in mels]).transpose(1, 2)
+        cross = model.decoder.cross_kv(model.encoder(mel))
+        plain, screened = _search_both(model, cross, _tasks(prompt, timestamps, 2, max_new=224), gen)
+    assert sum(len(r.tokens) for r in plain) >= 40
+    _assert_exact_logprobs(plain, screened, normalizer_gaps, 1e-5)
+
+
 def _decode(strategy, clips, options, screened: bool, monkeypatch):
-    monkeypatch.setattr(strategy.ctx.model.decoder, "screen_vocabulary", screened, raising=False)
+    decoder = strategy.ctx.model.decoder
+    monkeypatch.setattr(decoder, "screen_vocabulary", screened, raising=False)
+    monkeypatch.setattr(decoder, "screen_beam_vocabulary", screened, raising=False)
     out = []
     for clip in clips:
         batch = DecodeBatch(request_ids=["0"], options=[options], waveforms=[torch.from_numpy(clip)])
