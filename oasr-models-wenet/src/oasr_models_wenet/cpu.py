@@ -6,10 +6,10 @@ not tracing, oneDNN built in, ``OASR_KERNELS`` not off); the callers run the ref
 Measured against onnxruntime on the WeNet-sized model in ``benchmarks/wenet.py`` (docs/benchmarks.md
 § WeNet, "session 5").
 
-Derived weights (oneDNN-reordered convolution weights, a permuted projection, a batch norm folded into
-the depthwise convolution) are kept beside their module in :data:`_derived`, keyed by the source
-tensors' storage and version counters, so ``load_state_dict`` or an in-place edit rebuilds them on the
-next call.
+Derived weights (oneDNN-reordered convolution weights, a permuted projection) are kept beside their
+module in :data:`_derived`, keyed by the source tensors' storage and version counters, so
+``load_state_dict`` or an in-place edit rebuilds them on the next call (the depthwise convolution's
+folded batch norm likewise, in core's :data:`oasr.layers.packed._folds`).
 """
 
 from __future__ import annotations
@@ -36,9 +36,6 @@ FFN_BLOCK_ROWS = 1024
 
 #: module → (key of the source tensors' versions, the derived value)
 _derived: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-#: oneDNN post-ops the depthwise convolution applies for the module's activation (others run after it)
-_CONV_POST_OPS = {"swish": "swish", "silu": "swish", "relu": "relu"}
-_IN_PLACE = {"swish": F.silu, "silu": F.silu, "relu": F.relu}
 
 
 def _derive(owner: nn.Module, tensors: Sequence[torch.Tensor | None], build: Callable[[], object]):
@@ -118,42 +115,11 @@ def subsampling_forward(sub: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 # -- convolution module -----------------------------------------------------------------------------------
-def _folded(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """The depthwise weight (C, 1, 1, k) and bias with the module's batch norm folded in."""
-    conv, norm = module.depthwise_conv, module.norm
-
-    def build():
-        scale = norm.weight * torch.rsqrt(norm.running_var + norm.eps)
-        bias = norm.bias - norm.running_mean * scale
-        if conv.bias is not None:
-            bias = bias + conv.bias * scale
-        return (conv.weight.detach() * scale.view(-1, 1, 1)).unsqueeze(2).contiguous(), bias.detach()
-
-    return _derive(module, [conv.weight, conv.bias, norm.weight, norm.bias, norm.running_mean, norm.running_var],
-                   build)
-
-
 def depthwise_norm_activation(module: nn.Module, y: torch.Tensor) -> torch.Tensor:
-    """``activation(norm(depthwise_conv(y)))`` of a ``ConvolutionModule`` on (B, T, C).  Fast path: one
-    oneDNN convolution reading (B, T, C) as channels-last (B, C, 1, T) (no transposes), a batch norm
-    folded into its weights with the activation in its epilogue; a layer norm runs after it."""
-    conv, activation = module.depthwise_conv, module.activation.name.lower()
-    left, right = conv.padding
-    if not packed.fusable((conv,), y) or left != right or y.dim() != 3:
-        return module.activation(module.norm(conv(y)))
-    batch_norm = isinstance(module.norm, layers.BatchNorm1d)
-    weight, bias = _folded(module) if batch_norm else (conv.weight.unsqueeze(2), conv.bias)
-    post = _CONV_POST_OPS.get(activation, "none") if batch_norm else "none"
-    out = torch.ops.mkldnn._convolution_pointwise(y.transpose(1, 2).unsqueeze(2), weight, bias, [0, left],
-                                                  [1, conv.stride], [1, conv.dilation], conv.groups, post, [], "")
-    out = out.squeeze(2).transpose(1, 2)
-    if not batch_norm:
-        out = module.norm(out)
-    elif post != "none":
-        return out
-    if activation in _IN_PLACE:  # a fresh tensor of this call
-        return _IN_PLACE[activation](out, inplace=True)
-    return module.activation(out)
+    """``activation(norm(depthwise_conv(y)))`` of a ``ConvolutionModule`` on (B, T, C): core's channels-last
+    depthwise convolution with a batch norm folded in and the activation as its epilogue
+    (:func:`oasr.layers.packed.depthwise_norm_activation`)."""
+    return packed.depthwise_norm_activation(module.depthwise_conv, module.norm, module.activation, y)
 
 
 # -- feed-forward -----------------------------------------------------------------------------------------

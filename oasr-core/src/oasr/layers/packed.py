@@ -30,6 +30,7 @@ from torch import nn
 from oasr.layers._backend import kernels_enabled
 from oasr.layers.activation import activation_fn
 from oasr.layers.linear import Linear
+from oasr.layers.norm import BatchNorm1d
 
 #: fewer rows than this take the reference path (skinny GEMMs gain least and stream the weights cold)
 MIN_ROWS = 64
@@ -141,6 +142,68 @@ def conv1d(module: nn.Module, x: torch.Tensor, activation: str = "none") -> torc
                                                        [module.dilation], module.groups, attr, [], algorithm)
     y = module.forward_bct(x)
     return activation_fn(activation)(y) if activation not in ("none", "identity") else y
+
+
+#: depthwise convolution → (batch norm folded in, weight, bias) of the last fold, keyed by the source tensors
+_folds: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _folded_depthwise(conv: nn.Module, norm: nn.Module | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``conv``'s weight as (C, 1, 1, k) and its bias, with the inference batch norm ``norm`` (None: none)
+    folded in; rebuilt when any source tensor's storage or version changes (``load_state_dict``)."""
+    sources = [conv.weight, conv.bias]
+    if norm is not None:
+        sources += [norm.weight, norm.bias, norm.running_mean, norm.running_var]
+    key = (id(norm), tuple(None if t is None else (t.data_ptr(), t._version) for t in sources))
+    hit = _folds.get(conv)
+    if hit is not None and hit[0] == key:
+        return hit[1], hit[2]
+    with torch.inference_mode(False), torch.no_grad():
+        weight, bias = conv.weight.detach(), None if conv.bias is None else conv.bias.detach()
+        if norm is not None:
+            scale = norm.weight * torch.rsqrt(norm.running_var + norm.eps)
+            shift = norm.bias - norm.running_mean * scale
+            bias = shift if bias is None else shift + bias * scale
+            weight = weight * scale.view(-1, 1, 1)
+        weight = weight.unsqueeze(2).contiguous()
+    _folds[conv] = (key, weight, bias)
+    return weight, bias
+
+
+def depthwise_norm_activation(conv: nn.Module, norm: nn.Module, activation: nn.Module, y: torch.Tensor,
+                              padding: tuple[int, int] | None = None) -> torch.Tensor:
+    """``activation(norm(conv(y)))`` for a waist ``DepthwiseConv1d`` on (B, T, C), ``padding`` (left, right)
+    frames instead of ``conv.padding`` when given (0, 0 for an input that carries its own left context).
+
+    Fast path: one oneDNN convolution reading (B, T, C) as channels-last (B, C, 1, T), so no transposes; an
+    inference :class:`~oasr.layers.BatchNorm1d` ``norm`` is folded into its weights (once per weight version)
+    and the activation (SiLU / ReLU) is its epilogue; any other norm (a LayerNorm) and activation run after it.
+    Unequal padding runs the larger side on both and drops the extra output frames."""
+    left, right = conv.padding if padding is None else padding
+    if (not _fast((conv,), y, 1) or y.dim() != 3 or conv.groups != y.size(-1)
+            or (left != right and conv.stride != 1)):
+        if padding is None:
+            return activation(norm(conv(y)))
+        out = F.conv1d(F.pad(y.transpose(1, 2), (left, right)), conv.weight, conv.bias, conv.stride, 0,
+                       conv.dilation, conv.groups)
+        return activation(norm(out.transpose(1, 2)))
+    batch_norm = isinstance(norm, BatchNorm1d)
+    weight, bias = _folded_depthwise(conv, norm if batch_norm else None)
+    name = getattr(activation, "name", "").lower()
+    post = _POST_OPS[name][0] if batch_norm and name in _IN_PLACE else "none"
+    side = max(left, right)
+    out = torch.ops.mkldnn._convolution_pointwise(y.transpose(1, 2).unsqueeze(2), weight, bias, [0, side],
+                                                  [1, conv.stride], [1, conv.dilation], conv.groups, post, [], "")
+    out = out.squeeze(2).transpose(1, 2)
+    if left != right:  # stride 1: drop the frames that read the padding only the other side has
+        out = out[:, side - left:out.size(1) - (side - right)]
+    if post != "none":
+        return out
+    if not batch_norm:
+        out = norm(out)
+    if name in _IN_PLACE:  # this call's own tensor
+        return _IN_PLACE[name](out, inplace=True)
+    return activation(out)
 
 
 def glu_linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,9 @@ Hugging Face state dict loads 1:1.  The forward map:
   ``relative_k_proj`` (no bias) of sinusoids for relative positions ``T - 1 .. -(T - 1)`` (sin and cos
   interleaved per frequency); ``rel_shift`` picks, for query i and key j, the position ``i - j``;
 - the convolution module: pointwise (2D) → GLU → padded frames zeroed → depthwise conv with symmetric
-  ``(k - 1) / 2`` padding → BatchNorm → SiLU → pointwise.
+  ``(k - 1) / 2`` padding → BatchNorm → SiLU → pointwise; on CPU fp32 inference the depthwise conv reads the
+  (B, T, C) activations channels-last with the BatchNorm folded into its weights and the SiLU as its epilogue
+  (:func:`oasr.layers.packed.depthwise_norm_activation`).
 
 On CPU fp32 inference every GEMM of the encoder (feed-forwards, attention and position projections,
 pointwise convolutions, the subsampling's ``linear``), offline and streaming, runs through oneDNN's kernel
@@ -288,7 +290,7 @@ class FastConformerConvolution(nn.Module):
                 residual: torch.Tensor | None = None) -> torch.Tensor:
         """``residual + conv(x)`` (``residual`` None: 0)."""
         x = zero_beyond(self.glu(self.pointwise_conv1(x)), lengths, 1)
-        x = self.activation(self.norm(self.depthwise_conv(x)))
+        x = packed.depthwise_norm_activation(self.depthwise_conv, self.norm, self.activation, x)
         return self.pointwise_conv2(x) if residual is None else gemm_add(self.pointwise_conv2, x, residual)
 
 

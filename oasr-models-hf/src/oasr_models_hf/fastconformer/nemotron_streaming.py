@@ -34,7 +34,7 @@ import torch
 from torch.nn import functional as F
 
 from oasr.errors import CapabilityError
-from oasr.layers import merge_heads
+from oasr.layers import merge_heads, packed
 from oasr.models.base import StreamingGeometry
 from oasr.models.specs import StreamStateSpec
 from oasr_models_hf.fastconformer.encoder import zero_beyond
@@ -183,9 +183,9 @@ class NemotronStreamingMixin:
         x = zero_beyond(module.glu(module.pointwise_conv1(x)), valid, 1)
         joined = torch.cat([tail, x], dim=1)
         new_conv[layer] = joined[:, -tail.shape[1]:]
-        # the module pads k - 1 on the left itself: its last len(x) outputs read the tail, not the padding
-        y = module.depthwise_conv(joined)[:, -x.shape[1]:]
-        return module.pointwise_conv2(module.activation(module.norm(y)))
+        # the tail is the k - 1 frames of left context: no padding, len(x) outputs
+        y = packed.depthwise_norm_activation(module.depthwise_conv, module.norm, module.activation, joined, (0, 0))
+        return module.pointwise_conv2(y)
 
 
 __all__ = ["NemotronStreamingMixin"]

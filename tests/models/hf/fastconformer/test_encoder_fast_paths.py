@@ -118,3 +118,107 @@ def test_batched_subsampling_row_by_row_equals_the_masked_batch(encoder):
     with torch.no_grad():  # the junk is what a row would read without its own frames: it changes the output
         unmasked = sub(feats, None)
     assert float((unmasked[1, :int(out_lens[1])] - rows[1, :int(out_lens[1])]).abs().max()) > 1e-3
+
+
+def _randomize_norms(module) -> None:
+    """Random BatchNorm statistics and norm affines, so a fold that ignored any of them would show."""
+    with torch.no_grad():
+        for m in module.modules():
+            if hasattr(m, "running_var"):
+                m.running_mean.normal_()
+                m.running_var.uniform_(0.3, 3.0)
+            if type(m).__name__ in ("BatchNorm1d", "LayerNorm") and getattr(m, "weight", None) is not None:
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.normal_(0.0, 0.3)
+
+
+def _depthwise_convs(encoder) -> list:
+    return [layer.conv.depthwise_conv for layer in encoder.layers]
+
+
+def _fast_and_reference(run, monkeypatch):
+    packed._folds.clear()
+    fast = run()
+    with monkeypatch.context() as m:
+        m.setenv("OASR_KERNELS", "0")
+        ref = run()
+    return fast, ref
+
+
+def test_conv_module_depthwise_folded_channels_last_equals_reference(encoder, monkeypatch):
+    """The Parakeet conv module's depthwise conv (BatchNorm folded in, SiLU its epilogue) equals the reference
+    ops, is taken in every layer, and is refolded after ``load_state_dict`` changes the statistics."""
+    _randomize_norms(encoder)
+    torch.manual_seed(5)
+    feats, lens = torch.randn(2, 300, 16), torch.tensor([300, 170])
+    out_lens = encoder.subsampling.output_lengths(lens).tolist()
+    fast, ref = _fast_and_reference(lambda: run_encoder(encoder, feats, lens), monkeypatch)
+    assert all(conv in packed._folds for conv in _depthwise_convs(encoder))  # the folded path was taken
+    for b, n in enumerate(out_lens):
+        assert float((fast[b, :n] - ref[b, :n]).abs().max() / ref[b, :n].abs().max()) < 1e-5
+    state = {k: v.clone() for k, v in encoder.state_dict().items()}
+    state["layers.0.conv.norm.running_var"].mul_(4.0)
+    state["layers.1.conv.norm.running_mean"].add_(1.0)
+    encoder.load_state_dict(state)
+    after, ref_after = _fast_and_reference(lambda: run_encoder(encoder, feats, lens), monkeypatch)
+    assert float((after - ref_after).abs().max() / ref_after.abs().max()) < 1e-5
+    assert float((after - fast).abs().max()) > 1e-2  # the new statistics reached the fast path
+
+
+def _nemotron_encoder():
+    from oasr_models_hf.fastconformer.nemotron import NemotronAsrConfig
+    from oasr_models_hf.fastconformer.nemotron_encoder import NemotronEncoder
+
+    from .conftest import SMALL_ENCODER
+
+    torch.manual_seed(4)
+    config = NemotronAsrConfig(vocab_size=9, blank_id=8, sliding_window=9, num_lookahead_tokens=1, **SMALL_ENCODER)
+    encoder = NemotronEncoder(config).eval()
+    _randomize_norms(encoder)
+    return encoder
+
+
+def test_nemotron_causal_depthwise_offline_equals_reference(monkeypatch):
+    """Nemotron's causal depthwise conv (left padding k - 1, a LayerNorm after it) on the channels-last path."""
+    encoder = _nemotron_encoder()
+    torch.manual_seed(6)
+    feats, lens = torch.randn(2, 250, 16), torch.tensor([250, 131])
+    out_lens = encoder.subsampling.output_lengths(lens).tolist()
+    fast, ref = _fast_and_reference(lambda: run_encoder(encoder, feats, lens), monkeypatch)
+    assert all(conv in packed._folds for conv in _depthwise_convs(encoder))
+    for b, n in enumerate(out_lens):
+        assert float((fast[b, :n] - ref[b, :n]).abs().max() / ref[b, :n].abs().max()) < 1e-5
+
+
+def test_nemotron_streaming_conv_tail_on_the_channels_last_path(monkeypatch):
+    """The chunk forward's depthwise conv over (cached k - 1 frames + the chunk) with no padding: every chunk
+    equals the reference ops, the path is taken, and the chunks equal the offline encoder."""
+    encoder = _nemotron_encoder()
+    torch.manual_seed(7)
+    feats = torch.randn(200, 16)
+    chunk = 2 * encoder.attention_chunk
+    geometry = encoder.streaming_geometry(chunk)
+
+    def stream():
+        states = {s.name: torch.full(s.shape, s.fill_value, dtype=getattr(torch, s.dtype))
+                  for s in encoder.streaming_state_specs}
+        padded = torch.cat([feats, torch.zeros(encoder.streaming_tail_frames, feats.shape[1])])
+        outs, offset = [], 0
+        with torch.no_grad():
+            for pos in range(0, padded.shape[0], geometry.stride_frames):
+                piece = padded[pos:pos + geometry.window_frames]
+                window = torch.zeros(1, geometry.window_frames, feats.shape[1])
+                window[0, :piece.shape[0]] = piece
+                hidden, valid, updated = encoder.forward_chunk_slots(window, torch.tensor([piece.shape[0]]),
+                                                                     torch.tensor([offset]), states)
+                states.update(updated)
+                outs.append(hidden[0, :int(valid[0])])
+                offset += int(valid[0])
+        return torch.cat(outs)
+
+    fast, ref = _fast_and_reference(stream, monkeypatch)
+    assert all(conv in packed._folds for conv in _depthwise_convs(encoder))
+    assert fast.shape == ref.shape
+    assert float((fast - ref).abs().max() / ref.abs().max()) < 1e-5
+    offline = run_encoder(encoder, feats[None], torch.tensor([feats.shape[0]]))[0]
+    assert float((fast - offline[:fast.shape[0]]).abs().max() / offline.abs().max()) < 1e-4
