@@ -14,7 +14,8 @@ WER, how many transcripts equal faster-whisper's (fp32), OASR int8's token agree
 OASR's split of time (features / encoder / decoder), and the machine.
 Usage: ``python benchmarks/whisper.py [--repeats 2] [--long-seconds 120] [--skip NAME ...]``;
 ``--sensitivity`` instead prints int8 token agreement with one group of linears quantized at a time;
-``--steps N`` the CPU time of one incremental decoder step at one row, OASR vs CTranslate2, and OASR's split.
+``--steps N`` the CPU time of one incremental decoder step at one row, OASR vs CTranslate2, and OASR's split;
+``--screen-ab`` adds OASR fp32 with the int8-screened vocabulary projection off.
 """
 
 from __future__ import annotations
@@ -227,15 +228,29 @@ def _oasr_step_ms(decoder, cross, prompt: list[int], steps: int) -> float:
     return 1e3 * (time.thread_time() - c0) / steps
 
 
-def _oasr_loop_ms(decoder, cross, gen, prompt: list[int], steps: int) -> tuple[float, list[int]]:
-    """CPU ms per token of the greedy search loop (step, logit rules with timestamps, selection),
-    end-of-text suppressed so that it runs ``steps`` tokens; and the tokens."""
-    from oasr_models_hf.whisper.search import WindowTask, search_windows
+def _oasr_loop_ms(decoder, cross, gen, prompt: list[int], steps: int) -> tuple[float, list[int], float, float]:
+    """CPU ms per token of the greedy search loop (step, logit rules with timestamps, selection, and
+    with the screen its deferred exact log-probabilities), end-of-text suppressed so that it runs
+    ``steps`` tokens; the tokens, avg_logprob, and the CPU ms per token of the deferred product."""
+    from oasr_models_hf.whisper import search
 
-    task = WindowTask(prompt, 0, True, max_new_tokens=steps, suppress=(*gen.suppress_tokens, gen.eot_id))
-    c0 = time.thread_time()
-    out = search_windows(decoder, cross[0], cross[1], [task], gen)
-    return 1e3 * (time.thread_time() - c0) / max(1, len(out[0].tokens)), out[0].tokens
+    task = search.WindowTask(prompt, 0, True, max_new_tokens=steps, suppress=(*gen.suppress_tokens, gen.eot_id))
+    flush, spent = search._DeferredLogprobs.flush, [0.0]
+
+    def timed_flush(self):
+        c = time.thread_time()
+        flush(self)
+        spent[0] += time.thread_time() - c
+
+    search._DeferredLogprobs.flush = timed_flush
+    try:
+        c0 = time.thread_time()
+        out = search.search_windows(decoder, cross[0], cross[1], [task], gen)
+        seconds = time.thread_time() - c0
+    finally:
+        search._DeferredLogprobs.flush = flush
+    n = max(1, len(out[0].tokens))
+    return 1e3 * seconds / n, out[0].tokens, out[0].avg_logprob, 1e3 * spent[0] / n
 
 
 def _step_split(decoder, cross, prompt: list[int], steps: int) -> str:
@@ -289,11 +304,12 @@ def decoder_steps(model_dir: str, audio, steps: int, rounds: int) -> None:
             # the plain loop and the int8-screened vocabulary projection, alternating
             for screened in [False, True] * rounds:
                 model.decoder.screen_vocabulary = model.decoder.screen_int8_vocabulary = screened
-                ms, tokens = _oasr_loop_ms(model.decoder, cross, gen, prompt, steps)
+                ms, tokens, avg, deferred = _oasr_loop_ms(model.decoder, cross, gen, prompt, steps)
                 name = f"oasr {precision} {'screened' if screened else 'loop'}"
-                results[name] = min(results.get(name, float("inf")), ms)
-                results[f"{name} tokens"] = tokens
-            model.decoder.screen_vocabulary = model.decoder.screen_int8_vocabulary = False
+                if ms < results.get(name, float("inf")):
+                    results[name], results[f"{name} deferred"] = ms, deferred
+                results[f"{name} tokens"], results[f"{name} avg"] = tokens, avg
+            del model.decoder.screen_vocabulary, model.decoder.screen_int8_vocabulary  # the class defaults
         print(f"OASR {precision} step split: {split}", flush=True)
         fw = WhisperModel(model_dir, device="cpu", compute_type="int8" if precision == "int8" else "float32",
                           cpu_threads=1)
@@ -312,9 +328,17 @@ def decoder_steps(model_dir: str, audio, steps: int, rounds: int) -> None:
         step, loop = results[f"oasr {precision}"], results[f"oasr {precision} loop"]
         screened, peer = results[f"oasr {precision} screened"], results[f"ctranslate2 {precision}"]
         same = results[f"oasr {precision} screened tokens"] == results[f"oasr {precision} loop tokens"]
+        gap = abs(results[f"oasr {precision} screened avg"] - results[f"oasr {precision} loop avg"])
         print(f"{precision}: OASR step {step:.2f} ms, OASR search loop {loop:.2f} ms, screened vocabulary "
-              f"{screened:.2f} ms ({loop / screened:.2f}x, tokens {'identical' if same else 'DIFFER'}), CTranslate2 "
+              f"{screened:.2f} ms ({loop / screened:.2f}x, tokens {'identical' if same else 'DIFFER'}, avg_logprob "
+              f"off by {gap:.1e}; of it the deferred exact log-probabilities "
+              f"{results[f'oasr {precision} screened deferred']:.2f} ms), CTranslate2 "
               f"generate {peer:.2f} ms; CTranslate2 / OASR loop {peer / loop:.2f}x, / screened {peer / screened:.2f}x")
+
+
+def _unscreened(system: Oasr) -> Oasr:
+    system.strategy.ctx.model.decoder.screen_vocabulary = False  # the full fp32 product at every step
+    return system
 
 
 def main() -> None:
@@ -327,6 +351,8 @@ def main() -> None:
                         help="instead: CPU ms per decoder step at one row (OASR vs CTranslate2) over this many steps")
     parser.add_argument("--int8-ab", action="store_true",
                         help="also OASR int8 greedy with its encoder layers on the reference int8 ops")
+    parser.add_argument("--screen-ab", action="store_true",
+                        help="also OASR fp32 with the int8-screened vocabulary projection off")
     parser.add_argument("--sensitivity", action="store_true",
                         help="instead: int8 token agreement per group of linears on the short set")
     args = parser.parse_args()
@@ -352,6 +378,9 @@ def main() -> None:
                 lambda p=precision, m=mode: FasterWhisper(model_dir, "int8" if p == "int8" else "float32", m))
     if args.int8_ab:
         factories["oasr int8 greedy reference-encoder"] = lambda: Oasr(model_dir, True, "greedy", 16, False)
+    if args.screen_ab:
+        for mode in ("greedy", "defaults"):
+            factories[f"oasr fp32 {mode} unscreened"] = lambda m=mode: _unscreened(Oasr(model_dir, False, m, 16))
     systems = {name: make() for name, make in factories.items() if name not in args.skip}
     for system in systems.values():
         system.run(clips[:2])
