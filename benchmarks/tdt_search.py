@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+import types
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -109,6 +110,22 @@ class OnnxTdt:
         return tokens
 
 
+def lstm_cell_step(lstm, input: torch.Tensor, hx):
+    """The one-step path as it was before session 6 (``torch.lstm_cell`` per layer): the "before" row, with the
+    joint's linears through the modules (no row-major copies)."""
+    if hx is None:
+        zeros = input.new_zeros(lstm.num_layers, input.shape[0], lstm.hidden_size)
+        hx = (zeros, zeros)
+    x, hs, cs = input[:, 0], [], []
+    for layer in range(lstm.num_layers):
+        weights = [getattr(lstm, f"{name}_l{layer}") for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+        h, c = torch.lstm_cell(x, (hx[0][layer], hx[1][layer]), *weights)
+        hs.append(h)
+        cs.append(c)
+        x = h
+    return x[:, None], (torch.stack(hs), torch.stack(cs))
+
+
 def per_call(fn, repeats: int) -> float:
     fn()
     c0 = time.process_time()
@@ -126,6 +143,9 @@ def main() -> None:
     from oasr.checkpoints.loading import load_pretrained
     from oasr.decoding.transducer import transducer_greedy_search
     from oasr.features import FeatureConfig, extract_features_batch
+    from oasr_models_hf.fastconformer import predictor as heads
+
+    few_row_linear = heads.few_row_linear
 
     folder = args.work / "tdt"
     loaded = load_pretrained(folder / "model.nemo")
@@ -144,20 +164,36 @@ def main() -> None:
     onnx = OnnxTdt(decoder, joiner, vocab)
     pred, join = Counting(model.predictor), CountingJoint(model.joiner)
     max_symbols = int((loaded.decoding_defaults.options or {}).get("max_symbols", 1))
-    times = {"OASR": float("inf"), "sherpa-onnx loop": float("inf")}
-    ours, theirs = [], []
+    times = {"OASR before (lstm_cell, F.linear)": float("inf"), "OASR": float("inf"), "sherpa-onnx loop": float("inf")}
+    ours, theirs, before = [], [], []
+    lstm = model.predictor.lstm
     for _ in range(args.repeats):
-        pred.advances = join.joints = onnx.decoder_runs = onnx.joiner_runs = 0
         with torch.inference_mode():
+            lstm.forward = types.MethodType(lstm_cell_step, lstm)
+            heads.few_row_linear = lambda module, x: module(x)
             c0 = time.process_time()
-            ours = [transducer_greedy_search(pred, join, model.joiner.project_encoder(h), [h.shape[1]],
-                                             blank_id=vocab - 1, max_symbols=max_symbols)[0].tokens for h in hidden]
+            before = [transducer_greedy_search(pred, join, model.joiner.project_encoder(h), [h.shape[1]],
+                                               blank_id=vocab - 1, max_symbols=max_symbols)[0] for h in hidden]
+            times["OASR before (lstm_cell, F.linear)"] = min(times["OASR before (lstm_cell, F.linear)"],
+                                                        time.process_time() - c0)
+            del lstm.forward
+            heads.few_row_linear = few_row_linear
+            pred.advances = join.joints = onnx.decoder_runs = onnx.joiner_runs = 0
+            c0 = time.process_time()
+            hyps = [transducer_greedy_search(pred, join, model.joiner.project_encoder(h), [h.shape[1]],
+                                             blank_id=vocab - 1, max_symbols=max_symbols)[0] for h in hidden]
             times["OASR"] = min(times["OASR"], time.process_time() - c0)
+            ours = [h.tokens for h in hyps]
         arrays = [h[0].numpy() for h in hidden]
         c0 = time.process_time()
         theirs = [onnx.decode(a) for a in arrays]
         times["sherpa-onnx loop"] = min(times["sherpa-onnx loop"], time.process_time() - c0)
     same = sum(a == b for a, b in zip(ours, theirs, strict=True))
+    drift = max((abs(a.score - b.score) for a, b in zip(before, hyps, strict=True)), default=0.0)
+    print(f"before vs after: tokens equal on {sum(a.tokens == b.tokens for a, b in zip(before, hyps, strict=True))}"
+          f"/{len(hidden)} clips, frames equal on "
+          f"{sum(a.token_frames == b.token_frames for a, b in zip(before, hyps, strict=True))}, "
+          f"max |score difference| {drift:.1e}")
     emitted = sum(len(t) for t in ours)
     print(f"{args.clips} clips, {frames} encoder frames, {emitted} tokens (OASR); max_symbols {max_symbols}")
     print(f"predictor calls: OASR {pred.advances} + {len(hidden)} start states; "
@@ -166,7 +202,8 @@ def main() -> None:
     print(f"tokens equal on {same}/{len(hidden)} clips")
     for name, value in times.items():
         print(f"search CPU {name}: {value:.3f} s")
-    print(f"ratio sherpa-onnx loop / OASR: {times['sherpa-onnx loop'] / times['OASR']:.2f}x")
+    for name in ("OASR before (lstm_cell, F.linear)", "OASR"):
+        print(f"ratio sherpa-onnx loop / {name}: {times['sherpa-onnx loop'] / times[name]:.2f}x")
     # per-call costs at one row
     with torch.inference_mode():
         p = model.predictor
