@@ -286,10 +286,17 @@ class FastConformerConvolution(nn.Module):
         self.activation = Swish()
         self.pointwise_conv2 = PointwiseConv1d(h, h, bias=bias)
 
+    def pointwise_glu(self, x: torch.Tensor) -> torch.Tensor:
+        """``glu(pointwise_conv1(x))``; on the packed path the GLU is the epilogue of the two half GEMMs
+        (:func:`oasr.layers.packed.glu_linear`)."""
+        if x.numel() == 0 or not packed.fusable((self.pointwise_conv1,), x, min_rows=1):
+            return self.glu(self.pointwise_conv1(x))
+        return rows_blocked(lambda rows: packed.glu_linear(self.pointwise_conv1, rows, min_rows=TAIL_ROWS), x)
+
     def forward(self, x: torch.Tensor, lengths: torch.Tensor | None,
                 residual: torch.Tensor | None = None) -> torch.Tensor:
         """``residual + conv(x)`` (``residual`` None: 0)."""
-        x = zero_beyond(self.glu(self.pointwise_conv1(x)), lengths, 1)
+        x = zero_beyond(self.pointwise_glu(x), lengths, 1)
         x = packed.depthwise_norm_activation(self.depthwise_conv, self.norm, self.activation, x)
         return self.pointwise_conv2(x) if residual is None else gemm_add(self.pointwise_conv2, x, residual)
 

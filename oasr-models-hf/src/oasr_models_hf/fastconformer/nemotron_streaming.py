@@ -180,7 +180,7 @@ class NemotronStreamingMixin:
 
     @staticmethod
     def _conv_chunk(module, x, tail, valid, new_conv, layer: int):
-        x = zero_beyond(module.glu(module.pointwise_conv1(x)), valid, 1)
+        x = zero_beyond(module.pointwise_glu(x), valid, 1)
         joined = torch.cat([tail, x], dim=1)
         new_conv[layer] = joined[:, -tail.shape[1]:]
         # the tail is the k - 1 frames of left context: no padding, len(x) outputs

@@ -154,6 +154,7 @@ def test_conv_module_depthwise_folded_channels_last_equals_reference(encoder, mo
     out_lens = encoder.subsampling.output_lengths(lens).tolist()
     fast, ref = _fast_and_reference(lambda: run_encoder(encoder, feats, lens), monkeypatch)
     assert all(conv in packed._folds for conv in _depthwise_convs(encoder))  # the folded path was taken
+    assert all("glu" in packed._packs[layer.conv.pointwise_conv1] for layer in encoder.layers)  # GLU fused
     for b, n in enumerate(out_lens):
         assert float((fast[b, :n] - ref[b, :n]).abs().max() / ref[b, :n].abs().max()) < 1e-5
     state = {k: v.clone() for k, v in encoder.state_dict().items()}
