@@ -118,9 +118,10 @@ class WhisperDecoder(nn.Module):
     #: the search's greedy steps project an fp32 table through :meth:`vocab_screen`: the fp32 token
     #: decisions from fewer bytes, and the exact log-probabilities from one batched fp32 product
     #: over many steps afterwards (``search._DeferredLogprobs``): the same tokens and avg_logprob as
-    #: the full product.  On by default (CPU, fp32 table, fbgemm); set False on an instance (or the
-    #: class) to turn it off
-    screen_vocabulary = True
+    #: the full product.  Opt-in (CPU, fp32 table, fbgemm): set True on an instance or the class.
+    #: Off by default because the exact log-probabilities' batched product costs about what the
+    #: screen saves (measured 0.98-1.05x per fp32 greedy token on tiny.en, docs/benchmarks.md)
+    screen_vocabulary = False
     #: ... and the beam search's steps too: its per-step scores rank hypotheses and take the screen's
     #: approximate normalizer (off by up to 1.6e-3 per avg_logprob on tiny.en), so opt-in
     screen_beam_vocabulary = False

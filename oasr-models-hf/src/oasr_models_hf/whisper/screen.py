@@ -31,7 +31,7 @@ beam + 1), the logit rules' masks already applied to the approximate logits:
   the screened row carries an error (tiny.en's 34 benchmark clips: ``avg_logprob`` within 1.6e-3,
   mean 4.7e-4; docs/benchmarks.md, "int8-screened vocabulary projection").  The greedy search
   therefore takes its log-probabilities from a batched fp32 product of many steps' hidden states
-  afterwards (exact; :attr:`WhisperDecoder.screen_vocabulary`, on by default); the beam search,
+  afterwards (exact; :attr:`WhisperDecoder.screen_vocabulary`, opt-in); the beam search,
   whose scores rank hypotheses at every step, screens only with
   :attr:`WhisperDecoder.screen_beam_vocabulary` (opt-in).
 

@@ -149,9 +149,11 @@ def _search_both(model, cross, tasks, gen):
     return plain, screened
 
 
-def test_screen_is_on_by_default_for_greedy_only(tiny):
+def test_screen_is_opt_in_and_screens_greedy_only(tiny, monkeypatch):
     decoder = tiny.model.decoder
-    assert type(decoder).screen_vocabulary is True
+    assert type(decoder).screen_vocabulary is False
+    assert decoder.vocab_screen(tiny.config.generation.eot_id) is None
+    monkeypatch.setattr(decoder, "screen_vocabulary", True)
     assert type(decoder).screen_beam_vocabulary is False
     assert type(decoder).screen_int8_vocabulary is False
     assert decoder.vocab_screen(tiny.config.generation.eot_id) is not None
