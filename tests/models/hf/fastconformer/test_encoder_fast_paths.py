@@ -10,6 +10,7 @@ from torch.nn import functional as F
 
 from oasr.layers import LinearActivation, packed
 from oasr_models_hf.fastconformer import encoder as fc
+from tests.models.hf.nemotron.conftest import stream_by_hand
 
 from .conftest import run_encoder
 
@@ -198,24 +199,9 @@ def test_nemotron_streaming_conv_tail_on_the_channels_last_path(monkeypatch):
     torch.manual_seed(7)
     feats = torch.randn(200, 16)
     chunk = 2 * encoder.attention_chunk
-    geometry = encoder.streaming_geometry(chunk)
 
     def stream():
-        states = {s.name: torch.full(s.shape, s.fill_value, dtype=getattr(torch, s.dtype))
-                  for s in encoder.streaming_state_specs}
-        padded = torch.cat([feats, torch.zeros(encoder.streaming_tail_frames, feats.shape[1])])
-        outs, offset = [], 0
-        with torch.no_grad():
-            for pos in range(0, padded.shape[0], geometry.stride_frames):
-                piece = padded[pos:pos + geometry.window_frames]
-                window = torch.zeros(1, geometry.window_frames, feats.shape[1])
-                window[0, :piece.shape[0]] = piece
-                hidden, valid, updated = encoder.forward_chunk_slots(window, torch.tensor([piece.shape[0]]),
-                                                                     torch.tensor([offset]), states)
-                states.update(updated)
-                outs.append(hidden[0, :int(valid[0])])
-                offset += int(valid[0])
-        return torch.cat(outs)
+        return torch.cat(stream_by_hand(encoder, feats, chunk))
 
     fast, ref = _fast_and_reference(stream, monkeypatch)
     assert all(conv in packed._folds for conv in _depthwise_convs(encoder))

@@ -14,40 +14,14 @@ from oasr.engine.options import DecodingOptions
 from oasr.errors import CapabilityError
 from oasr.features import FeatureConfig, extract_features_batch
 
+from .conftest import stream_by_hand as _stream_by_hand
+
 pytestmark = pytest.mark.reference
 
 
 @pytest.fixture(scope="module")
 def loaded(any_dir):
     return load_pretrained(any_dir)
-
-
-def _states(encoder, prompt=None):
-    states = {s.name: torch.full(s.shape, s.fill_value, dtype=getattr(torch, s.dtype))
-              for s in encoder.streaming_state_specs}
-    if prompt is not None:
-        states["prompt"][:] = prompt
-    return states
-
-
-def _stream_by_hand(encoder, feats: torch.Tensor, chunk: int, prompt=None) -> list[torch.Tensor]:
-    """One stream's features (T, F) chunk by chunk through forward_chunk_slots, as the executor feeds them
-    (``streaming_tail_frames`` zero frames appended); each chunk's valid hidden frames."""
-    geometry = encoder.streaming_geometry(chunk)
-    width = geometry.window_frames
-    stream = torch.cat([feats, torch.zeros(encoder.streaming_tail_frames, feats.shape[1])])
-    states, outs, offset = _states(encoder, prompt), [], 0
-    with torch.no_grad():
-        for pos in range(0, stream.shape[0], geometry.stride_frames):
-            piece = stream[pos:pos + width]
-            window = torch.zeros(1, width, feats.shape[1])
-            window[0, :piece.shape[0]] = piece
-            hidden, valid, updated = encoder.forward_chunk_slots(window, torch.tensor([piece.shape[0]]),
-                                                                 torch.tensor([offset]), states)
-            states.update(updated)
-            outs.append(hidden[0, :int(valid[0])])
-            offset += int(valid[0])
-    return outs
 
 
 def _offline(model, feats, prompt=None):
