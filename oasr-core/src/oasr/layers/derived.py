@@ -1,0 +1,92 @@
+"""Tensors derived from a module's parameters (a prepacked or transposed weight copy, a folded batch norm),
+kept beside the module and rebuilt when a source tensor changes.
+
+``derived(owner, name, sources, build)`` returns ``build()``'s value, computed once and then reused while every
+tensor in ``sources`` is unchanged.  What the cache guarantees:
+
+* **rebuilt on any change of a source**: its storage (the cache holds a weak reference to each source's
+  storage, so a new storage allocated at a freed one's address is not taken for it), its offset in the storage
+  (``data_ptr``), its dtype, or its version counter, which every in-place edit bumps (``load_state_dict``'s
+  copy included).  A parameter replaced or moved (``.to()``, ``load_state_dict(assign=True)``) has a new
+  storage; the storage also fixes the device.  ``extra`` adds key parts compared with ``==`` (a scale, a
+  shape), and a change of them rebuilds too.
+* **not rebuilt otherwise**: one ``build()`` per version of the sources, however many calls.
+* **one value per (owner, name)**: modules sharing a weight each keep their own copy, and an edit of the shared
+  weight rebuilds each of them on its next call.  The owner is held weakly: its values go with it (a value
+  must not refer to its owner, or neither is ever freed).
+* **inference data**: ``build()`` runs under ``no_grad`` and outside inference mode, so the tensors it makes
+  are ordinary tensors with version counters (a derived value may be a source of another).  Under autograd
+  (grad enabled and a source requiring grad) or while tracing, ``build()`` runs in the call with grad as it
+  is and nothing is cached: gradients reach the sources and a trace records the ops.
+
+Nothing derived is a parameter or a buffer: ``state_dict``, ``deepcopy`` and pickling never see it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Hashable, Sequence
+from typing import TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+#: owner → {name: (key, weak references to the sources' storages, value)}
+_kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _key(sources: Sequence[torch.Tensor | None], extra: Hashable) -> tuple:
+    return (tuple(None if t is None else (t.data_ptr(), t._version, t.dtype) for t in sources), extra)
+
+
+def _live(storages: tuple) -> bool:
+    return all(ref is None or ref() is not None for ref in storages)
+
+
+def _storages(sources: Sequence[torch.Tensor | None]) -> tuple:
+    return tuple(None if t is None else weakref.ref(t.untyped_storage()) for t in sources)
+
+
+def derived(owner: object, name: Hashable, sources: Sequence[torch.Tensor | None], build: Callable[[], T], *,
+            extra: Hashable = ()) -> T:
+    """``build()``, kept on ``owner`` under ``name`` and rebuilt when a tensor of ``sources`` (None entries are
+    skipped) or ``extra`` changes; see the module docstring for the guarantees."""
+    if (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in sources)) \
+            or torch._C._get_tracing_state() is not None:
+        return build()
+    key = _key(sources, extra)
+    slots = _kept.get(owner)
+    if slots is None:
+        slots = _kept[owner] = {}
+    hit = slots.get(name)
+    if hit is not None and hit[0] == key and _live(hit[1]):
+        return hit[2]
+    with torch.inference_mode(False), torch.no_grad():
+        value = build()
+    slots[name] = (key, _storages(sources), value)
+    return value
+
+
+def row_major(owner: object, *weights: torch.Tensor, name: Hashable = "row_major") -> torch.Tensor:
+    """``cat(weights, 1).t()`` contiguous, kept like :func:`derived`: a (in, out) copy of a (out, in) weight
+    (or of weights side by side along their inputs) for ``x @ w`` / ``addmm`` at a few rows, where a
+    row-major operand streams better than the transposed view (a second copy of the weights in memory)."""
+    return derived(owner, name, weights,
+                   lambda: (weights[0] if len(weights) == 1 else torch.cat(weights, 1)).t().contiguous())
+
+
+def kept(owner: object) -> tuple[Hashable, ...]:
+    """The names of the values kept on ``owner`` (which derived paths it has taken)."""
+    return tuple(_kept.get(owner, ()))
+
+
+def forget(owner: object | None = None) -> None:
+    """Drop the values kept on ``owner`` (every owner's when None); the next call rebuilds them."""
+    if owner is None:
+        _kept.clear()
+    else:
+        _kept.pop(owner, None)
+
+
+__all__ = ["derived", "forget", "kept", "row_major"]
