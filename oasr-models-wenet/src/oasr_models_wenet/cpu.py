@@ -7,14 +7,12 @@ Measured against onnxruntime on the WeNet-sized model in ``benchmarks/wenet.py``
 § WeNet, "session 5").
 
 Derived weights (oneDNN-reordered convolution weights, a permuted projection) are kept beside their
-module in :data:`_derived`, keyed by the source tensors' storage and version counters, so
-``load_state_dict`` or an in-place edit rebuilds them on the next call (the depthwise convolution's
-folded batch norm likewise, in core's :data:`oasr.layers.packed._folds`).
+module by :func:`oasr.layers.derived.derived`, so ``load_state_dict`` or an in-place edit rebuilds them
+on the next call (the depthwise convolution's folded batch norm likewise, in core's packed path).
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Sequence
 
 import torch
@@ -23,6 +21,7 @@ from torch import nn
 
 from oasr import layers
 from oasr.layers import packed
+from oasr.layers.derived import derived
 
 #: the subsampling runs over time tiles of (batch rows × output frames) ≈ this many, so the d-channel
 #: intermediate of its convolutions stays in cache; each tile is projected at once (measured at batch
@@ -33,23 +32,6 @@ PACKED_TILE_ROWS = 256
 #: ``packed.BLOCK_ROWS`` (512) for a 2280-row FFN at d 256 <-> 2048, one thread (the 2 MB weights are
 #: streamed half as often)
 FFN_BLOCK_ROWS = 1024
-
-#: module → (key of the source tensors' versions, the derived value)
-_derived: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _derive(owner: nn.Module, tensors: Sequence[torch.Tensor | None], build: Callable[[], object]):
-    """``build()`` once per version of ``tensors``, kept beside ``owner``; built outside inference mode
-    so the tensors it makes keep version counters (the packed GEMMs key on them)."""
-    key = tuple(None if t is None else (t.data_ptr(), t._version) for t in tensors)
-    hit = _derived.get(owner)
-    if hit is not None and hit[0] == key:
-        return hit[1]
-    with torch.inference_mode(False), torch.no_grad():
-        value = build()
-    _derived[owner] = (key, value)
-    return value
-
 
 def _pair(value: int | tuple[int, int]) -> tuple[int, int]:
     return (value, value) if isinstance(value, int) else tuple(value)
@@ -88,7 +70,7 @@ def _subsampling_weights(sub: nn.Module) -> tuple[list[tuple[torch.Tensor, torch
             out.bias.copy_(sub.out.bias.detach())
         return weights, out
 
-    return _derive(sub, [t for m in (*convs, sub.out) for t in (m.weight, m.bias)], build)
+    return derived(sub, "subsampling", [t for m in (*convs, sub.out) for t in (m.weight, m.bias)], build)
 
 
 def subsampling_forward(sub: nn.Module, x: torch.Tensor) -> torch.Tensor:
