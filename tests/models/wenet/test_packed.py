@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from oasr.layers import packed
+from oasr.layers.derived import forget, kept, owners
 from oasr.layers.quant import quantize_model_int8
 from oasr_models_wenet.model import ConformerModel
 
@@ -21,6 +22,12 @@ pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason
 
 def _model(**overrides) -> ConformerModel:
     return small_conformer(5, **overrides)
+
+
+def _packs() -> dict:
+    """Every module holding packed GEMM weights → the names of its packs."""
+    packs = {m: [name for name in kept(m) if name[0] == "packed"] for m in owners()}
+    return {m: names for m, names in packs.items() if names}
 
 
 def _batch():
@@ -41,10 +48,10 @@ def _reference(model, feats, lens, monkeypatch):
 def test_packed_forward_equals_the_reference_ops(overrides, monkeypatch):
     model = _model(**overrides)
     feats, lens = _batch()
-    packed._packs.clear()
+    forget()
     with torch.inference_mode():
         fast, fast_lens = model.forward_offline(feats, lens)
-    taken = sum(len(groups) for groups in packed._packs.values())
+    taken = sum(len(names) for names in _packs().values())
     # q/k/v as one group, pos, out, two FFNs (4 linears), two pointwise convs per layer; embed and CTC head
     per_layer = 1 + 1 + 1 + (4 if model.config.encoder.macaron_style else 2) + 2
     assert taken == 2 * per_layer + 2
@@ -81,14 +88,15 @@ def test_autograd_and_int8_take_the_reference_path(monkeypatch):
     assert torch.equal(graded.detach(), ref)
     quantize_model_int8(model)
     int8_ref = _reference(model, feats, lens, monkeypatch)[0]
-    packed._packs.clear()
+    forget()
     with torch.inference_mode():
         int8 = model.forward_offline(feats, lens)[0]
     # only what int8 leaves at fp32 is packed: the subsampling projection and CTC head, and per layer
     # the attention output projection and the two pointwise convolutions
-    assert all(getattr(m, "_int8", None) is None for m in packed._packs)
-    assert {type(m).__name__ for m in packed._packs} == {"Linear", "CtcProjection", "PointwiseConv1d"}
-    assert len(packed._packs) == 2 + 2 * 3
+    packs = _packs()
+    assert all(getattr(m, "_int8", None) is None for m in packs)
+    assert {type(m).__name__ for m in packs} == {"Linear", "CtcProjection", "PointwiseConv1d"}
+    assert len(packs) == 2 + 2 * 3
     for row, n in enumerate(lens.tolist()):
         n = int(model.encoder.embed.output_lengths(torch.tensor(n)))
         # a float-rounding difference upstream can move an activation across an int8 grid step

@@ -81,6 +81,11 @@ def kept(owner: object) -> tuple[Hashable, ...]:
     return tuple(_kept.get(owner, ()))
 
 
+def owners() -> list[object]:
+    """Every owner with a value kept (which derived paths a run has taken, for tests and diagnostics)."""
+    return [owner for owner, slots in _kept.items() if slots]
+
+
 def forget(owner: object | None = None) -> None:
     """Drop the values kept on ``owner`` (every owner's when None); the next call rebuilds them."""
     if owner is None:
@@ -89,4 +94,4 @@ def forget(owner: object | None = None) -> None:
         _kept.pop(owner, None)
 
 
-__all__ = ["derived", "forget", "kept", "row_major"]
+__all__ = ["derived", "forget", "kept", "owners", "row_major"]

@@ -10,17 +10,17 @@ GFLOP/s instead of 60–76 for the FFN GEMMs, the FFN with its SiLU 1.3–1.5x f
 (``benchmarks/wenet.py``, docs/benchmarks.md § WeNet); the FastConformer encoders take the same path
 (``benchmarks/fastconformer.py``).  The packed copies cost a second copy of those weights in memory.
 
-The packed copy is derived data, never a parameter: it is kept beside the module (weakly), keyed by
-the weight's storage and version counter, so ``load_state_dict``, ``.to()`` or an in-place edit of the
-weight repacks it on the next call.  The fast path is taken only where it computes what the reference
-computes up to float rounding: CPU, float32, no autograd, not tracing, an fp32 (not int8) linear, at
-least :data:`MIN_ROWS` rows, oneDNN built in, and ``OASR_KERNELS`` not switched off.  Everywhere else
-the reference ops run (the same module call, activation and adds).
+The packed copy is derived data, never a parameter: it is kept beside the module by
+:func:`oasr.layers.derived.derived` (packs under the names ``("packed", ...)``, folds under ``"fold"``),
+so ``load_state_dict``, ``.to()`` or an in-place edit of the weight repacks it on the next call.  The
+fast path is taken only where it computes what the reference computes up to float rounding: CPU,
+float32, no autograd, not tracing, an fp32 (not int8) linear, at least :data:`MIN_ROWS` rows, oneDNN
+built in, and ``OASR_KERNELS`` not switched off.  Everywhere else the reference ops run (the same
+module call, activation and adds).
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Sequence
 
 import torch
@@ -29,6 +29,7 @@ from torch import nn
 
 from oasr.layers._backend import kernels_enabled
 from oasr.layers.activation import activation_fn
+from oasr.layers.derived import derived
 from oasr.layers.linear import Linear
 from oasr.layers.norm import BatchNorm1d
 
@@ -43,8 +44,6 @@ _POST_OPS = {"swish": ("swish", ""), "silu": ("swish", ""), "relu": ("relu", "")
              "gelu_tanh": ("gelu", "tanh"), "identity": ("none", ""), "none": ("none", "")}
 
 _IN_PLACE = {"swish": F.silu, "silu": F.silu, "relu": F.relu}
-
-_packs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _fast(linears: Sequence[nn.Module], x: torch.Tensor, min_rows: int = MIN_ROWS) -> bool:
@@ -64,27 +63,21 @@ def _reference(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _packed(linears: Sequence[nn.Module], scale: float) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The packed ``scale * cat(weights)`` and ``scale * cat(biases)`` (a missing bias is zeros)."""
-    owner = linears[0]
-    key = (tuple((lin.weight.data_ptr(), lin.weight._version,
-                  None if lin.bias is None else (lin.bias.data_ptr(), lin.bias._version)) for lin in linears),
-           scale)
-    per_owner = _packs.setdefault(owner, {})
-    group = tuple(id(lin) for lin in linears)
-    hit = per_owner.get(group)
-    if hit is not None and hit[0] == key:
-        return hit[1], hit[2]
-    with torch.no_grad():
-        weights = [lin.weight.detach().reshape(lin.weight.size(0), -1) for lin in linears]
+    """The packed ``scale * cat(weights)`` and ``scale * cat(biases)`` (a missing bias is zeros), kept on the
+    first linear per group (and rebuilt for another scale)."""
+
+    def build():
+        weights = [lin.weight.reshape(lin.weight.size(0), -1) for lin in linears]
         weight = torch.cat(weights) * scale
         if all(lin.bias is None for lin in linears):
             bias = None
         else:
-            bias = torch.cat([lin.bias.detach() if lin.bias is not None else w.new_zeros(w.size(0))
+            bias = torch.cat([lin.bias if lin.bias is not None else w.new_zeros(w.size(0))
                               for lin, w in zip(linears, weights, strict=True)]) * scale
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
-    per_owner[group] = (key, packed, bias)
-    return packed, bias
+        return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous()), bias
+
+    return derived(linears[0], ("packed", *(id(lin) for lin in linears)),
+                   [t for lin in linears for t in (lin.weight, lin.bias)], build, extra=scale)
 
 
 def linear(module: nn.Module, x: torch.Tensor, activation: str = "none", *, scale: float = 1.0,
@@ -144,30 +137,23 @@ def conv1d(module: nn.Module, x: torch.Tensor, activation: str = "none") -> torc
     return activation_fn(activation)(y) if activation not in ("none", "identity") else y
 
 
-#: depthwise convolution → (batch norm folded in, weight, bias) of the last fold, keyed by the source tensors
-_folds: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _folded_depthwise(conv: nn.Module, norm: nn.Module | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``conv``'s weight as (C, 1, 1, k) and its bias, with the inference batch norm ``norm`` (None: none)
-    folded in; rebuilt when any source tensor's storage or version changes (``load_state_dict``)."""
+    folded in; rebuilt when any source tensor changes (``load_state_dict``) or another norm comes."""
     sources = [conv.weight, conv.bias]
     if norm is not None:
         sources += [norm.weight, norm.bias, norm.running_mean, norm.running_var]
-    key = (id(norm), tuple(None if t is None else (t.data_ptr(), t._version) for t in sources))
-    hit = _folds.get(conv)
-    if hit is not None and hit[0] == key:
-        return hit[1], hit[2]
-    with torch.inference_mode(False), torch.no_grad():
-        weight, bias = conv.weight.detach(), None if conv.bias is None else conv.bias.detach()
+
+    def build():
+        weight, bias = conv.weight, conv.bias
         if norm is not None:
             scale = norm.weight * torch.rsqrt(norm.running_var + norm.eps)
             shift = norm.bias - norm.running_mean * scale
             bias = shift if bias is None else shift + bias * scale
             weight = weight * scale.view(-1, 1, 1)
-        weight = weight.unsqueeze(2).contiguous()
-    _folds[conv] = (key, weight, bias)
-    return weight, bias
+        return weight.unsqueeze(2).contiguous(), bias
+
+    return derived(conv, "fold", sources, build, extra=id(norm))
 
 
 def depthwise_norm_activation(conv: nn.Module, norm: nn.Module, activation: nn.Module, y: torch.Tensor,
@@ -209,19 +195,15 @@ def depthwise_norm_activation(conv: nn.Module, norm: nn.Module, activation: nn.M
 def _glu_halves(module: nn.Module) -> tuple[tuple[torch.Tensor, torch.Tensor | None], ...]:
     """The packed (weight, bias) of ``module``'s value half and gate half (GLU's first and second outputs)."""
     weight, bias = module.weight, module.bias
-    key = (weight.data_ptr(), weight._version, None if bias is None else (bias.data_ptr(), bias._version))
-    per_owner = _packs.setdefault(module, {})
-    hit = per_owner.get("glu")
-    if hit is not None and hit[0] == key:
-        return hit[1]
-    with torch.no_grad():
-        flat = weight.detach().reshape(weight.size(0), -1)
+
+    def build():
+        flat = weight.reshape(weight.size(0), -1)
         half = flat.size(0) // 2
-        halves = tuple((torch.ops.mkldnn._reorder_linear_weight(flat[part].contiguous()),
-                        None if bias is None else bias.detach()[part].contiguous())
-                       for part in (slice(0, half), slice(half, None)))
-    per_owner["glu"] = (key, halves)
-    return halves
+        return tuple((torch.ops.mkldnn._reorder_linear_weight(flat[part].contiguous()),
+                      None if bias is None else bias[part].contiguous())
+                     for part in (slice(0, half), slice(half, None)))
+
+    return derived(module, ("packed", "glu"), [weight, bias], build)
 
 
 def glu_linear(module: nn.Module, x: torch.Tensor, *, min_rows: int = MIN_ROWS) -> torch.Tensor:

@@ -9,6 +9,7 @@ import torch
 from torch.nn import functional as F
 
 from oasr.layers import LinearActivation, packed
+from oasr.layers.derived import forget, kept
 from oasr_models_hf.fastconformer import encoder as fc
 from tests.models.hf.nemotron.conftest import stream_by_hand
 
@@ -138,7 +139,7 @@ def _depthwise_convs(encoder) -> list:
 
 
 def _fast_and_reference(run, monkeypatch):
-    packed._folds.clear()
+    forget()
     fast = run()
     with monkeypatch.context() as m:
         m.setenv("OASR_KERNELS", "0")
@@ -154,8 +155,8 @@ def test_conv_module_depthwise_folded_channels_last_equals_reference(encoder, mo
     feats, lens = torch.randn(2, 300, 16), torch.tensor([300, 170])
     out_lens = encoder.subsampling.output_lengths(lens).tolist()
     fast, ref = _fast_and_reference(lambda: run_encoder(encoder, feats, lens), monkeypatch)
-    assert all(conv in packed._folds for conv in _depthwise_convs(encoder))  # the folded path was taken
-    assert all("glu" in packed._packs[layer.conv.pointwise_conv1] for layer in encoder.layers)  # GLU fused
+    assert all("fold" in kept(conv) for conv in _depthwise_convs(encoder))  # the folded path was taken
+    assert all(("packed", "glu") in kept(layer.conv.pointwise_conv1) for layer in encoder.layers)  # GLU fused
     for b, n in enumerate(out_lens):
         assert float((fast[b, :n] - ref[b, :n]).abs().max() / ref[b, :n].abs().max()) < 1e-5
     state = {k: v.clone() for k, v in encoder.state_dict().items()}
@@ -187,7 +188,7 @@ def test_nemotron_causal_depthwise_offline_equals_reference(monkeypatch):
     feats, lens = torch.randn(2, 250, 16), torch.tensor([250, 131])
     out_lens = encoder.subsampling.output_lengths(lens).tolist()
     fast, ref = _fast_and_reference(lambda: run_encoder(encoder, feats, lens), monkeypatch)
-    assert all(conv in packed._folds for conv in _depthwise_convs(encoder))
+    assert all("fold" in kept(conv) for conv in _depthwise_convs(encoder))
     for b, n in enumerate(out_lens):
         assert float((fast[b, :n] - ref[b, :n]).abs().max() / ref[b, :n].abs().max()) < 1e-5
 
@@ -204,7 +205,7 @@ def test_nemotron_streaming_conv_tail_on_the_channels_last_path(monkeypatch):
         return torch.cat(stream_by_hand(encoder, feats, chunk))
 
     fast, ref = _fast_and_reference(stream, monkeypatch)
-    assert all(conv in packed._folds for conv in _depthwise_convs(encoder))
+    assert all("fold" in kept(conv) for conv in _depthwise_convs(encoder))
     assert fast.shape == ref.shape
     assert float((fast - ref).abs().max() / ref.abs().max()) < 1e-5
     offline = run_encoder(encoder, feats[None], torch.tensor([feats.shape[0]]))[0]
