@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from oasr.layers import LSTM, CtcProjection, Embedding, Linear, activation_fn
+from oasr.layers.derived import row_major
 from oasr_models_hf.fastconformer.config import ParakeetRnntConfig
 
 State = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -35,17 +36,13 @@ def few_row_linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``module(x)`` for a float32 :class:`~oasr.layers.Linear` on CPU inference at a few rows, as one
     ``addmm`` over a row-major (in, out) copy of the weight: at one row right after a predictor step (cold
     caches) the 640 → 1030 TDT head runs ~0.25 ms instead of F.linear's ~0.35 ms (``benchmarks/tdt_search.py``).
-    The copy is derived data keyed by the weight's storage and version; anything else takes the module."""
+    The copy is derived data (:func:`oasr.layers.derived.row_major`); anything else takes the module."""
     weight = module.weight
     if (x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32 or x.dim() != 2
             or x.shape[0] > FEW_ROWS or torch.is_grad_enabled() or getattr(module, "_int8", None) is not None):
         return module(x)
-    key = (weight.data_ptr(), weight._version)
-    hit = module.__dict__.get("_row_major")
-    if hit is None or hit[0] != key:
-        hit = module.__dict__["_row_major"] = (key, weight.t().contiguous())
-    bias = module.bias
-    return x @ hit[1] if bias is None else torch.addmm(bias, x, hit[1])
+    weight_t, bias = row_major(module, weight), module.bias
+    return x @ weight_t if bias is None else torch.addmm(bias, x, weight_t)
 
 
 class LstmPredictor(nn.Module):
