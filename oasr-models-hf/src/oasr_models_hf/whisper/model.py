@@ -41,6 +41,7 @@ from oasr.layers import (
     packed,
     split_heads,
 )
+from oasr.layers.derived import derived, row_major
 from oasr.models.base import BaseAsrModel
 from oasr.models.specs import LoadReport, QuantLayout, SmoothGroup
 from oasr_models_hf.whisper.config import WhisperConfig
@@ -173,12 +174,7 @@ class WhisperDecoder(nn.Module):
         """The output projection transposed (D, V), contiguous: for one row on the CPU, MKL's product
         over it is about twice as fast as over the (V, D) layout (the vocabulary projection is most of a
         decode step).  Costs one more copy of the table; rebuilt when the weight changes."""
-        weight = self.proj_out.weight
-        key = (weight.data_ptr(), weight._version, weight.dtype)
-        if getattr(self, "_table_t_key", None) != key:
-            self._table_t_cache = weight.detach().t().contiguous()
-            self._table_t_key = key
-        return self._table_t_cache
+        return row_major(self, self.proj_out.weight, name="table_t")
 
     def _tied_fp_table(self) -> bool:
         table = self.embed_tokens.weight
@@ -196,13 +192,9 @@ class WhisperDecoder(nn.Module):
         int8 = self.proj_out._int8 is not None
         if int8 and not self.screen_int8_vocabulary:
             return None
-        source = self.proj_out.weight
-        key = (table.data_ptr(), table._version, table.dtype, source.data_ptr(), source._version, int8, exact_from)
-        if getattr(self, "_screen_key", None) != key:
-            q, scale = (source, self.proj_out.weight_scale) if int8 else (None, None)
-            self._screen_cache = VocabScreen.build(table, exact_from, q, scale)
-            self._screen_key = key
-        return self._screen_cache
+        q, scale = (self.proj_out.weight, self.proj_out.weight_scale) if int8 else (None, None)
+        return derived(self, "vocab_screen", [table, q, scale], lambda: VocabScreen.build(table, exact_from, q, scale),
+                       extra=exact_from)
 
     def cross_kv(self, enc_out: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Cross-attention keys (N, H, Dh, S), already transposed for the score product, and values
@@ -279,16 +271,11 @@ class WhisperDecoder(nn.Module):
     def _stacked(sa: MultiHeadAttention, projections: list[Linear]) -> tuple[torch.Tensor, torch.Tensor]:
         """The (3D, D) weight and (3D,) bias of q/k/v stacked (a missing bias is zeros); rebuilt when
         a weight or bias changes."""
-        params = [t for p in projections for t in (p.weight, p.bias) if t is not None]
-        key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in params)
-        cached = sa.__dict__.get("_stacked_qkv")
-        if cached is None or cached[0] != key:
-            weight = torch.cat([p.weight.detach() for p in projections])
-            bias = torch.cat([p.bias.detach() if p.bias is not None else p.weight.new_zeros(p.out_features)
-                              for p in projections])
-            cached = (key, weight, bias)
-            sa.__dict__["_stacked_qkv"] = cached
-        return cached[1], cached[2]
+        def build() -> tuple[torch.Tensor, torch.Tensor]:
+            bias = torch.cat([p.bias if p.bias is not None else p.weight.new_zeros(p.out_features) for p in projections])
+            return torch.cat([p.weight for p in projections]), bias
+
+        return derived(sa, "stacked_qkv", [t for p in projections for t in (p.weight, p.bias)], build)
 
     # A decode step has one query per row: explicit matmuls over the stored (transposed) keys beat the
     # fused attention kernel there, whose blocking is made for long query runs.
