@@ -139,6 +139,13 @@ def test_autograd_builds_in_the_call_and_keeps_nothing(lin):
     assert counted.builds == 3 and kept(lin) == ("double",)
 
 
+def test_a_value_without_gradient_is_kept_under_autograd(lin):
+    counted = Counted(lin)
+    for _ in range(3):
+        value = derived(lin, "double", [lin.weight], counted, differentiable=False)
+    assert counted.builds == 1 and not value.requires_grad
+
+
 def test_inference_mode_builds_ordinary_tensors(lin):
     with torch.inference_mode():
         value = row_major(lin, lin.weight)

@@ -17,7 +17,9 @@ tensor in ``sources`` is unchanged.  What the cache guarantees:
 * **inference data**: ``build()`` runs under ``no_grad`` and outside inference mode, so the tensors it makes
   are ordinary tensors with version counters (a derived value may be a source of another).  Under autograd
   (grad enabled and a source requiring grad) or while tracing, ``build()`` runs in the call with grad as it
-  is and nothing is cached: gradients reach the sources and a trace records the ops.
+  is and nothing is cached: gradients reach the sources and a trace records the ops.  A value no gradient
+  can pass through anyway (an int8 pack for fbgemm) says ``differentiable=False`` and is kept under
+  autograd too (not while tracing).
 
 Nothing derived is a parameter or a buffer: ``state_dict``, ``deepcopy`` and pickling never see it.
 """
@@ -49,10 +51,10 @@ def _storages(sources: Sequence[torch.Tensor | None]) -> tuple:
 
 
 def derived(owner: object, name: Hashable, sources: Sequence[torch.Tensor | None], build: Callable[[], T], *,
-            extra: Hashable = ()) -> T:
+            extra: Hashable = (), differentiable: bool = True) -> T:
     """``build()``, kept on ``owner`` under ``name`` and rebuilt when a tensor of ``sources`` (None entries are
     skipped) or ``extra`` changes; see the module docstring for the guarantees."""
-    if (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in sources)) \
+    if (differentiable and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in sources)) \
             or torch._C._get_tracing_state() is not None:
         return build()
     key = _key(sources, extra)
