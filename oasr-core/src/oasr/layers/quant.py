@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from oasr.errors import CheckpointFormatError
+from oasr.layers.derived import derived, forget
 from oasr.layers.linear import Linear
 
 SCHEME = "int8_per_channel_dynamic"
@@ -55,23 +56,17 @@ def _vnni() -> bool:
 
 
 class Int8Weight:
-    """The ``Linear._int8`` hook: ``(x, bias) -> x @ dequant(W).T + bias`` from int8 storage."""
+    """The ``Linear._int8`` hook: ``(x, bias) -> x @ dequant(W).T + bias`` from int8 storage.
+
+    fbgemm's packed weights are derived data kept on the hook (:func:`oasr.layers.derived.derived`), rebuilt
+    when the int8 weight, its scales or the bias change (a reload, ``.to()``, an in-place edit)."""
 
     def __init__(self, linear: Linear):
         self.linear = linear
-        self._packed: Any = None
-        self._packed_key: tuple | None = None
-        self._with_bias: Any = None
-        self._with_bias_key: tuple | None = None
         self.reduce_range = not _vnni()
-        self.generation = 0  # bumped on every reload, so packed groups holding this weight repack
-        self._groups: dict[tuple[int, ...], tuple[tuple, Any, torch.Tensor | None]] = {}
 
     def invalidate(self) -> None:
-        self._packed = None
-        self._with_bias = None
-        self._groups.clear()
-        self.generation += 1
+        forget(self)
 
     def _pack(self, bias: torch.Tensor | None):
         lin = self.linear
@@ -83,20 +78,15 @@ class Int8Weight:
             return torch.ops.quantized.linear_prepack(qweight, bias)
 
     def _prepacked(self):
-        """fbgemm's packed weight; rebuilt when the stored tensors move (``.to()``) or are reloaded."""
+        """fbgemm's packed weight."""
         lin = self.linear
-        key = (lin.weight.data_ptr(), lin.weight_scale.data_ptr())
-        if self._packed is None or self._packed_key != key:
-            self._packed, self._packed_key = self._pack(None), key
-        return self._packed
+        return derived(self, "packed", [lin.weight, lin.weight_scale], lambda: self._pack(None), differentiable=False)
 
     def _prepacked_with_bias(self, bias: torch.Tensor):
-        """The packed weight with ``bias`` added by fbgemm (the one-row path); keyed like ``_prepacked``."""
+        """The packed weight with ``bias`` added by fbgemm (the one-row path)."""
         lin = self.linear
-        key = (lin.weight.data_ptr(), lin.weight_scale.data_ptr(), bias.data_ptr(), bias._version)
-        if self._with_bias is None or self._with_bias_key != key:
-            self._with_bias, self._with_bias_key = self._pack(bias.detach().float().contiguous()), key
-        return self._with_bias
+        return derived(self, "packed_with_bias", [lin.weight, lin.weight_scale, bias],
+                       lambda: self._pack(bias.detach().float().contiguous()), differentiable=False)
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         lin = self.linear
@@ -122,33 +112,25 @@ def _fbgemm(x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and "fbgemm" in torch.backends.quantized.supported_engines
 
 
-def _group_key(linears: tuple[Linear, ...]) -> tuple:
-    return tuple((lin.weight.data_ptr(), lin.weight_scale.data_ptr(), lin._int8.generation,
-                  None if lin.bias is None else (lin.bias.data_ptr(), lin.bias._version)) for lin in linears)
-
-
 def _group_pack(linears: tuple[Linear, ...]) -> tuple[Any, torch.Tensor | None]:
     """fbgemm's packed ``cat(weights)`` (per output channel) and ``cat(biases)`` of int8 ``linears``,
-    kept on the first one's hook and rebuilt when any member's tensors move or are reloaded."""
-    owner: Int8Weight = linears[0]._int8
-    group = tuple(id(lin) for lin in linears)
-    key = _group_key(linears)
-    hit = owner._groups.get(group)
-    if hit is not None and hit[0] == key:
-        return hit[1], hit[2]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch marks quantized tensor constructors as deprecated
-        scales = torch.cat([lin.weight_scale for lin in linears]).double().cpu()
-        qweight = torch._make_per_channel_quantized_tensor(
-            torch.cat([lin.weight for lin in linears]).cpu(), scales, torch.zeros_like(scales, dtype=torch.long), 0)
-        packed = torch.ops.quantized.linear_prepack(qweight, None)
-    if all(lin.bias is None for lin in linears):
-        bias = None
-    else:
-        bias = torch.cat([lin.bias.detach().float() if lin.bias is not None else lin.weight_scale.new_zeros(
-            lin.out_features) for lin in linears])
-    owner._groups[group] = (key, packed, bias)
-    return packed, bias
+    kept on the first one's hook and rebuilt when any member's tensors change."""
+
+    def build() -> tuple[Any, torch.Tensor | None]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch marks quantized tensor constructors as deprecated
+            scales = torch.cat([lin.weight_scale for lin in linears]).double().cpu()
+            qweight = torch._make_per_channel_quantized_tensor(
+                torch.cat([lin.weight for lin in linears]).cpu(), scales, torch.zeros_like(scales, dtype=torch.long),
+                0)
+            packed = torch.ops.quantized.linear_prepack(qweight, None)
+        if all(lin.bias is None for lin in linears):
+            return packed, None
+        return packed, torch.cat([lin.bias.detach().float() if lin.bias is not None
+                                  else lin.weight_scale.new_zeros(lin.out_features) for lin in linears])
+
+    return derived(linears[0]._int8, ("group", *(id(lin) for lin in linears)),
+                   [t for lin in linears for t in (lin.weight, lin.weight_scale, lin.bias)], build, differentiable=False)
 
 
 def int8_linear_group(linears, x: torch.Tensor) -> torch.Tensor:

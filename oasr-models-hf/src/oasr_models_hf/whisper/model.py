@@ -194,7 +194,7 @@ class WhisperDecoder(nn.Module):
             return None
         q, scale = (self.proj_out.weight, self.proj_out.weight_scale) if int8 else (None, None)
         return derived(self, "vocab_screen", [table, q, scale], lambda: VocabScreen.build(table, exact_from, q, scale),
-                       extra=exact_from)
+                       extra=exact_from, differentiable=False)
 
     def cross_kv(self, enc_out: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Cross-attention keys (N, H, Dh, S), already transposed for the score product, and values
