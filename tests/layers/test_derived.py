@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from oasr.layers import Linear
-from oasr.layers.derived import derived, forget, kept, row_major
+from oasr.layers.derived import SameValues, derived, forget, kept, row_major
 
 
 class Counted:
@@ -99,6 +99,15 @@ def test_extra_key_parts(lin):
         for scale in (1.0, 1.0, 0.5, 0.5, 1.0):
             derived(lin, "double", [lin.weight], counted, extra=scale)
     assert counted.builds == 3
+
+
+def test_a_key_part_by_values(lin):
+    counted = Counted(lin)
+    table = torch.randn(5, 3)
+    with torch.no_grad():
+        for t in (table, table, table.clone(), table + 1, table.double()):
+            derived(lin, "double", [lin.weight], counted, extra=SameValues(t))
+    assert counted.builds == 3  # the same tensor and an equal one match; other values or a dtype do not
 
 
 def test_an_unrelated_change_does_not_rebuild(lin):

@@ -70,6 +70,24 @@ def derived(owner: object, name: Hashable, sources: Sequence[torch.Tensor | None
     return value
 
 
+class SameValues:
+    """An ``extra`` key part matching a tensor by its values: equal to another when they hold the same tensor or
+    equal ones (a table recomputed per call keys like the one the value was built from).  Holds the tensor."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SameValues) and (other.tensor is self.tensor or (
+            other.tensor.shape == self.tensor.shape and other.tensor.dtype == self.tensor.dtype
+            and other.tensor.device == self.tensor.device and torch.equal(other.tensor, self.tensor)))
+
+    def __hash__(self) -> int:
+        return hash((tuple(self.tensor.shape), self.tensor.dtype))
+
+
 def row_major(owner: object, *weights: torch.Tensor, name: Hashable = "row_major") -> torch.Tensor:
     """``cat(weights, 1).t()`` contiguous, kept like :func:`derived`: a (in, out) copy of a (out, in) weight
     (or of weights side by side along their inputs) for ``x @ w`` / ``addmm`` at a few rows, where a
@@ -96,4 +114,4 @@ def forget(owner: object | None = None) -> None:
         _kept.pop(owner, None)
 
 
-__all__ = ["derived", "forget", "kept", "owners", "row_major"]
+__all__ = ["SameValues", "derived", "forget", "kept", "owners", "row_major"]

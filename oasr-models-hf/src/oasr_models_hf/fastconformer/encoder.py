@@ -50,6 +50,7 @@ from oasr.layers import (
     merge_heads,
     packed,
 )
+from oasr.layers.derived import SameValues, derived
 from oasr.models.base import BaseEncoder
 from oasr_models_hf.fastconformer.config import FastConformerConfig
 
@@ -236,22 +237,14 @@ class RelPositionAttention(MultiHeadAttention):
         self.relative_k_proj = Linear(h, h, bias=False)
         self.bias_u = nn.Parameter(torch.zeros(heads, h // heads))
         self.bias_v = nn.Parameter(torch.zeros(heads, h // heads))
-        self._positions: tuple | None = None
 
     def position_keys(self, table: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
         """``relative_k_proj(table)[rows]`` as (H, P, d).  The projection depends on the table and the weight only,
         so on the packed (inference) path the last one is kept (up to :data:`POSITION_CACHE_ELEMENTS`) and reused
         while the same table comes in (the same tensor, or an equal one) and the weight is unchanged."""
-        proj = None
         if table.numel() <= POSITION_CACHE_ELEMENTS and packed.fusable((self.relative_k_proj,), table, min_rows=1):
-            weight = self.relative_k_proj.weight
-            key = (weight.data_ptr(), weight._version, table.shape, table.dtype)
-            hit = self._positions
-            if hit is not None and hit[0] == key and (hit[1] is table or torch.equal(hit[1], table)):
-                proj = hit[2]
-            else:
-                proj = self.relative_k_proj(table)
-                self._positions = (key, table, proj)
+            proj = derived(self, "position_keys", [self.relative_k_proj.weight], lambda: self.relative_k_proj(table),
+                           extra=SameValues(table))
         else:
             proj = self.relative_k_proj(table)
         if rows is not None:
