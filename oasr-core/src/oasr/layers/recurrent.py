@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from oasr.layers.derived import derived, row_major
+
 
 class LSTM(nn.LSTM):
     """``torch.nn.LSTM`` with its parameter names (``weight_ih_l0`` ...), batch-first by default.
@@ -16,8 +18,8 @@ class LSTM(nn.LSTM):
     order).  torch's CPU ``lstm`` hands every call to oneDNN, which reorders all the weights per call (a
     2 × 640 predictor step: ~35 ms), and ``torch.lstm_cell`` runs two sgemms over the (4 · hidden, in)
     weights (~2.8 ms); the one-row GEMM over the row-major copy streams the weights once (~1.8 ms,
-    ``benchmarks/tdt_search.py``).  The copy is derived data (a second copy of the LSTM's weights), kept
-    per layer keyed by the parameters' storage and version, so a weight change or ``.to()`` re-derives it.
+    ``benchmarks/tdt_search.py``).  The copy is derived data (a second copy of the LSTM's weights,
+    :func:`oasr.layers.derived.row_major`), so a weight change or ``.to()`` re-derives it.
     """
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, *, bias: bool = True,
@@ -34,14 +36,10 @@ class LSTM(nn.LSTM):
         """Layer ``layer``'s ``[W_ih | W_hh]^T`` (in + hidden, 4 · hidden), contiguous, and ``b_ih + b_hh`` (1, 4 · hidden)."""
         names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh") if self.bias else ("weight_ih", "weight_hh")
         params = [getattr(self, f"{name}_l{layer}") for name in names]
-        key = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
-        cache = self.__dict__.setdefault("_step_cache", {})
-        hit = cache.get(layer)
-        if hit is None or hit[0] != key:
-            weight = torch.cat(params[:2], 1).t().contiguous()
-            bias = (params[2] + params[3])[None] if self.bias else None
-            hit = cache[layer] = (key, weight, bias)
-        return hit[1], hit[2]
+        weight = row_major(self, *params[:2], name=f"step_l{layer}")
+        if not self.bias:
+            return weight, None
+        return weight, derived(self, f"step_bias_l{layer}", params[2:], lambda: (params[2] + params[3])[None])
 
     def forward(self, input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None):
         if not self._single_step(input):
