@@ -4,7 +4,9 @@ owner (modules sharing a weight each follow its edits), and neither cached nor d
 
 from __future__ import annotations
 
+import copy as copy_module
 import gc
+import pickle
 import weakref
 
 import pytest
@@ -172,6 +174,15 @@ def test_row_major(lin):
         assert both.is_contiguous() and torch.equal(both, torch.cat((lin.weight, other), 1).t())
         lin.weight.mul_(2.0)
         assert torch.equal(row_major(lin, lin.weight), lin.weight.t())
+
+
+def test_copies_of_the_owner_start_without_values(lin):
+    with torch.no_grad():
+        row_major(lin, lin.weight)
+    for copy in (copy_module.deepcopy(lin), pickle.loads(pickle.dumps(lin))):
+        assert kept(copy) == () and kept(lin) == ("row_major",)
+        with torch.no_grad():
+            assert torch.equal(row_major(copy, copy.weight), lin.weight.t())
 
 
 def test_forget_and_the_owner_going():

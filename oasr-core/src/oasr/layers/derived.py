@@ -12,8 +12,8 @@ tensor in ``sources`` is unchanged.  What the cache guarantees:
   shape), and a change of them rebuilds too.
 * **not rebuilt otherwise**: one ``build()`` per version of the sources, however many calls.
 * **one value per (owner, name)**: modules sharing a weight each keep their own copy, and an edit of the shared
-  weight rebuilds each of them on its next call.  The owner is held weakly: its values go with it (a value
-  must not refer to its owner, or neither is ever freed).
+  weight rebuilds each of them on its next call.  The values live in the owner's ``__dict__`` (one dict
+  lookup per call) and go with it.
 * **inference data**: ``build()`` runs under ``no_grad`` and outside inference mode, so the tensors it makes
   are ordinary tensors with version counters (a derived value may be a source of another).  Under autograd
   (grad enabled and a source requiring grad) or while tracing, ``build()`` runs in the call with grad as it
@@ -21,7 +21,8 @@ tensor in ``sources`` is unchanged.  What the cache guarantees:
   can pass through anyway (an int8 pack for fbgemm) says ``differentiable=False`` and is kept under
   autograd too (not while tracing).
 
-Nothing derived is a parameter or a buffer: ``state_dict``, ``deepcopy`` and pickling never see it.
+Nothing derived is a parameter or a buffer: ``state_dict`` never sees it, and a ``deepcopy`` or an unpickled
+copy of the owner starts with none (it rebuilds its own).
 """
 
 from __future__ import annotations
@@ -34,16 +35,21 @@ import torch
 
 T = TypeVar("T")
 
-#: owner → {name: (key, weak references to the sources' storages, value)}
-_kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: the owner's ``__dict__`` entry holding its values
+_SLOT = "_oasr_derived"
+#: every owner that has held a value (for :func:`owners` and :func:`forget`)
+_owners: weakref.WeakSet = weakref.WeakSet()
 
 
-def _key(sources: Sequence[torch.Tensor | None], extra: Hashable) -> tuple:
-    return (tuple(None if t is None else (t.data_ptr(), t._version, t.dtype) for t in sources), extra)
+class _Slots(dict):
+    """An owner's values, name → (key, weak references to the sources' storages, value); neither copied nor
+    pickled with the owner (the copy's sources are other tensors: it rebuilds)."""
 
+    def __reduce__(self):
+        return _Slots, ()
 
-def _live(storages: tuple) -> bool:
-    return all(ref is None or ref() is not None for ref in storages)
+    def __deepcopy__(self, memo):
+        return _Slots()
 
 
 def _storages(sources: Sequence[torch.Tensor | None]) -> tuple:
@@ -57,13 +63,19 @@ def derived(owner: object, name: Hashable, sources: Sequence[torch.Tensor | None
     if (differentiable and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in sources)) \
             or torch._C._get_tracing_state() is not None:
         return build()
-    key = _key(sources, extra)
-    slots = _kept.get(owner)
+    key = [None if t is None else (t.data_ptr(), t._version, t.dtype) for t in sources]
+    key.append(extra)
+    slots = owner.__dict__.get(_SLOT)
     if slots is None:
-        slots = _kept[owner] = {}
+        slots = owner.__dict__[_SLOT] = _Slots()
+        _owners.add(owner)
     hit = slots.get(name)
-    if hit is not None and hit[0] == key and _live(hit[1]):
-        return hit[2]
+    if hit is not None and hit[0] == key:
+        for ref in hit[1]:
+            if ref is not None and ref() is None:
+                break  # a source's storage was freed: this address now holds another
+        else:
+            return hit[2]
     with torch.inference_mode(False), torch.no_grad():
         value = build()
     slots[name] = (key, _storages(sources), value)
@@ -98,20 +110,18 @@ def row_major(owner: object, *weights: torch.Tensor, name: Hashable = "row_major
 
 def kept(owner: object) -> tuple[Hashable, ...]:
     """The names of the values kept on ``owner`` (which derived paths it has taken)."""
-    return tuple(_kept.get(owner, ()))
+    return tuple(owner.__dict__.get(_SLOT, ()))
 
 
 def owners() -> list[object]:
     """Every owner with a value kept (which derived paths a run has taken, for tests and diagnostics)."""
-    return [owner for owner, slots in _kept.items() if slots]
+    return [owner for owner in list(_owners) if owner.__dict__.get(_SLOT)]
 
 
 def forget(owner: object | None = None) -> None:
     """Drop the values kept on ``owner`` (every owner's when None); the next call rebuilds them."""
-    if owner is None:
-        _kept.clear()
-    else:
-        _kept.pop(owner, None)
+    for each in list(_owners) if owner is None else [owner]:
+        each.__dict__.pop(_SLOT, None)
 
 
 __all__ = ["SameValues", "derived", "forget", "kept", "owners", "row_major"]
