@@ -249,3 +249,48 @@ def blocked(fn: Callable[..., torch.Tensor], *tensors: torch.Tensor, block_rows:
         outs.append(out[:stop - start] if pad else out)
     out = outs[0] if len(outs) == 1 else torch.cat(outs)
     return out.reshape(*lead, out.size(-1))
+
+
+def sgemm_available() -> bool:
+    """Whether torch was built with MKL, whose packed sgemm :func:`sgemm` runs."""
+    return torch.backends.mkl.is_available()
+
+
+def _sgemm_packed(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """``module``'s (out, in) weight packed for MKL's sgemm (``cblas_sgemm_pack``), and that (out, in) weight."""
+    weight = module.weight
+
+    def build():
+        flat = weight.reshape(weight.size(0), -1).contiguous()
+        return torch.ops.mkl._mkl_reorder_linear_weight(flat, MIN_ROWS), flat
+
+    return derived(module, ("packed", "sgemm"), [weight], build)
+
+
+def sgemm(module: nn.Module, x: torch.Tensor, activation: str = "none", *,
+          residual: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
+    """``activation(module(x))``, or ``residual + scale * module(x)`` when ``residual`` is given, for a waist
+    :class:`~oasr.layers.Linear` or ``PointwiseConv1d``: MKL's sgemm over the weight packed once, at ``x``'s own
+    row count.
+
+    Unlike the oneDNN GEMMs above, MKL's packed sgemm keeps no per-shape state (a oneDNN primitive of M rows
+    keeps an M x out scratchpad: ~2 MB at 256 rows of a 2048-wide output), so any row count runs unpadded, in one
+    call; the activation and the residual add are one in-place pass over the output.  Measured on the
+    FastConformer's 512 <-> 2048 shapes at 25-300 rows (one thread, Intel Xeon with AVX-512): as fast as oneDNN's
+    kernel or 10-15 % faster at the same rows (docs/benchmarks.md § Parakeet, session 7).  The product equals
+    ``F.linear`` (MKL's sgemm packing the weight per call) bit for bit.  Reference ops where the fast path does not
+    apply (see :func:`fusable`) or torch has no MKL."""
+    if not (_fast((module,), x, 1) and sgemm_available() and activation in _POST_OPS
+            and (module.bias is None or module.bias.dtype == torch.float32)
+            and (residual is None or (residual.shape == (*x.shape[:-1], module.weight.size(0))
+                                      and residual.dtype == x.dtype))):
+        if residual is not None:  # the reference ops (linear_add's, taken below any row count)
+            return linear_add(module, x, residual, scale=scale, min_rows=x.numel() + 1)
+        return linear(module, x, activation, min_rows=x.numel() + 1)
+    weight, flat = _sgemm_packed(module)
+    y = torch.ops.mkl._mkl_linear(x, weight, flat, module.bias, x.numel() // x.size(-1))
+    if residual is not None:
+        return torch.add(residual, y, alpha=scale, out=y)
+    if activation in _IN_PLACE:
+        return _IN_PLACE[activation](y, inplace=True)
+    return activation_fn(activation)(y) if activation not in ("none", "identity") else y

@@ -20,8 +20,9 @@ Hugging Face state dict loads 1:1.  The forward map:
   (:func:`oasr.layers.packed.depthwise_norm_activation`).
 
 On CPU fp32 inference every GEMM of the encoder (feed-forwards, attention and position projections,
-pointwise convolutions, the subsampling's ``linear``), offline and streaming, runs through oneDNN's kernel
-over a weight prepacked once (core's :mod:`oasr.layers.packed`), the feed-forward's SiLU as its epilogue:
+pointwise convolutions, the subsampling's ``linear``), offline and streaming, runs over a weight prepacked once
+(core's :mod:`oasr.layers.packed`): MKL's sgemm at the call's own row count where torch has MKL (the SiLU and
+the residual adds one in-place pass each), else oneDNN's kernel with them as its epilogue:
 :func:`pack_gemms` gives the encoder's waist ``Linear`` / ``LinearActivation`` / ``PointwiseConv1d`` layers
 that forward (same parameters and state-dict keys; the same products as ``F.linear`` up to float32 summation
 order).  The packed copies cost a second copy of those weights in memory.
@@ -59,6 +60,12 @@ _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 POSITION_BASE = 10000.0
 
 
+#: the encoder's GEMMs run MKL's packed sgemm at each call's own row count (:func:`oasr.layers.packed.sgemm`), where
+#: torch has MKL; elsewhere oneDNN's kernel over :func:`rows_blocked` row blocks.  One clip per call (25-150 rows)
+#: the blocks cost a second weight pass and the tail's pad and cat: the 110M encoder over 20 clips of 2-12 s ran
+#: 1.32-1.39x faster on the sgemm, batches of 8 1.13-1.15x (Intel Xeon, one thread; docs/benchmarks.md § Parakeet)
+SGEMM = packed.sgemm_available()
+
 #: rows of a packed GEMM past its whole :data:`oasr.layers.packed.MIN_ROWS`-row blocks run as one tail padded to
 #: a multiple of this, so oneDNN sees few row counts (64-row multiples up to a block, and 16, 32, 48) and a short
 #: clip or tail wastes at most 15 rows (padding every row count to 64 cost a 100-frame clip 28 % of its GEMMs;
@@ -84,21 +91,25 @@ def rows_blocked(fn, *tensors: torch.Tensor) -> torch.Tensor:
 
 
 def packed_gemm(layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
-    """``layer(x)`` through core's prepacked oneDNN GEMM (:mod:`oasr.layers.packed`; a LinearActivation's
-    activation fused, over :func:`rows_blocked` row blocks), or None where that path does not apply (grad
-    enabled, not CPU float32, an int8 layer, no rows, ``OASR_KERNELS=0``)."""
+    """``layer(x)`` through core's prepacked GEMMs (:mod:`oasr.layers.packed`: MKL's sgemm where :data:`SGEMM`,
+    else oneDNN's over :func:`rows_blocked` row blocks; a LinearActivation's activation with it), or None where
+    that path does not apply (grad enabled, not CPU float32, an int8 layer, no rows, ``OASR_KERNELS=0``)."""
     if x.numel() == 0 or not packed.fusable((layer,), x, min_rows=1):
         return None
     activation = layer.activation if isinstance(layer, LinearActivation) else "none"
+    if SGEMM:
+        return packed.sgemm(layer, x, activation)
     return rows_blocked(lambda rows: packed.linear(layer, rows, activation, min_rows=TAIL_ROWS), x)
 
 
 def gemm_add(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-    """``residual + scale * layer(x)``; on the packed path the add (and the scale, folded into the packed weight)
-    is the GEMM's epilogue, saving a pass over the output."""
+    """``residual + scale * layer(x)``; on the packed path the scaled add is one in-place pass over the sgemm's
+    output, or (oneDNN) the GEMM's epilogue with the scale folded into the packed weight."""
     if x.numel() == 0 or not packed.fusable((layer,), x, min_rows=1) or residual.shape[:-1] != x.shape[:-1]:
         y = layer(x)
         return residual + (scale * y if scale != 1.0 else y)
+    if SGEMM:
+        return packed.sgemm(layer, x, residual=residual, scale=scale)
     return rows_blocked(lambda rows, res: packed.linear_add(layer, rows, res, scale=scale, min_rows=TAIL_ROWS),
                         x, residual)
 
@@ -280,10 +291,12 @@ class FastConformerConvolution(nn.Module):
         self.pointwise_conv2 = PointwiseConv1d(h, h, bias=bias)
 
     def pointwise_glu(self, x: torch.Tensor) -> torch.Tensor:
-        """``glu(pointwise_conv1(x))``; on the packed path the GLU is the epilogue of the two half GEMMs
-        (:func:`oasr.layers.packed.glu_linear`)."""
+        """``glu(pointwise_conv1(x))``; on the packed path one sgemm and ``F.glu``, or (oneDNN) the GLU as the
+        epilogue of the two half GEMMs (:func:`oasr.layers.packed.glu_linear`)."""
         if x.numel() == 0 or not packed.fusable((self.pointwise_conv1,), x, min_rows=1):
             return self.glu(self.pointwise_conv1(x))
+        if SGEMM:
+            return F.glu(packed.sgemm(self.pointwise_conv1, x), dim=-1)
         return rows_blocked(lambda rows: packed.glu_linear(self.pointwise_conv1, rows, min_rows=TAIL_ROWS), x)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor | None,

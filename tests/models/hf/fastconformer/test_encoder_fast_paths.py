@@ -1,6 +1,7 @@
-"""The FastConformer encoder's inference fast paths: packed GEMMs over whole 64-row blocks plus a 16-row-granular
-tail (few oneDNN shapes, equal to ``F.linear``), residual adds as GEMM epilogues, and the relative-position
-projection kept per layer (sliced for shorter inputs, recomputed after a weight change, off under grad)."""
+"""The FastConformer encoder's inference fast paths: packed GEMMs as one MKL sgemm at the call's own row count
+(``SGEMM``) or, without MKL, oneDNN's over whole 64-row blocks plus a 16-row-granular tail (few oneDNN shapes),
+both equal to ``F.linear``; residual adds after / as the GEMM's epilogue, and the relative-position projection
+kept per layer (sliced for shorter inputs, recomputed after a weight change, off under grad)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,31 @@ from tests.models.hf.nemotron.conftest import stream_by_hand
 from .conftest import run_encoder
 
 
+@pytest.mark.parametrize("rows", [1, 15, 37, 100, 1100])
+def test_packed_gemm_is_one_sgemm_at_the_own_row_count(rows, monkeypatch):
+    if not fc.SGEMM:
+        pytest.skip("torch built without MKL: the oneDNN blocks run (tested below)")
+    torch.manual_seed(rows)
+    layer = fc.PackedLinearActivation(48, 96, "silu")
+    x = torch.randn(rows, 48)
+    seen = []
+    true_sgemm = packed.sgemm
+
+    def spy(module, block, *args, **kwargs):
+        seen.append(block.shape[0])
+        return true_sgemm(module, block, *args, **kwargs)
+
+    monkeypatch.setattr(packed, "sgemm", spy)
+    with torch.no_grad():
+        out = fc.packed_gemm(layer, x)
+    assert seen == [rows]  # one call, no padded rows
+    assert out is not None and out.shape == (rows, 96)
+    assert torch.allclose(out, F.silu(x @ layer.weight.T + layer.bias), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("rows", [1, 15, 16, 37, 64, 100, 577, 1100])
 def test_packed_gemm_blocks_and_tail_equal_linear(rows, monkeypatch):
+    monkeypatch.setattr(fc, "SGEMM", False)  # oneDNN's kernel: whole blocks and one tail
     torch.manual_seed(rows)
     layer = fc.PackedLinearActivation(48, 96, "silu")
     x = torch.randn(rows, 48)
@@ -39,7 +63,9 @@ def test_packed_gemm_blocks_and_tail_equal_linear(rows, monkeypatch):
     assert sum(seen) - rows < fc.TAIL_ROWS
 
 
-def test_gemm_add_is_residual_plus_scaled_gemm():
+@pytest.mark.parametrize("sgemm", [True, False])
+def test_gemm_add_is_residual_plus_scaled_gemm(sgemm, monkeypatch):
+    monkeypatch.setattr(fc, "SGEMM", sgemm and fc.SGEMM)
     torch.manual_seed(1)
     layer = fc.PackedLinear(64, 32)
     x, residual = torch.randn(3, 37, 64), torch.randn(3, 37, 32)
@@ -147,16 +173,20 @@ def _fast_and_reference(run, monkeypatch):
     return fast, ref
 
 
-def test_conv_module_depthwise_folded_channels_last_equals_reference(encoder, monkeypatch):
-    """The Parakeet conv module's depthwise conv (BatchNorm folded in, SiLU its epilogue) equals the reference
-    ops, is taken in every layer, and is refolded after ``load_state_dict`` changes the statistics."""
+@pytest.mark.parametrize("sgemm", [True, False])
+def test_conv_module_depthwise_folded_channels_last_equals_reference(encoder, monkeypatch, sgemm):
+    """The Parakeet conv module's depthwise conv (BatchNorm folded in, SiLU its epilogue) and its pointwise GLU
+    (one sgemm and ``F.glu``, or oneDNN's two half GEMMs) equal the reference ops, are taken in every layer, and
+    the depthwise conv is refolded after ``load_state_dict`` changes the statistics."""
+    monkeypatch.setattr(fc, "SGEMM", sgemm and fc.SGEMM)
+    glu = ("packed", "sgemm") if fc.SGEMM else ("packed", "glu")
     _randomize_norms(encoder)
     torch.manual_seed(5)
     feats, lens = torch.randn(2, 300, 16), torch.tensor([300, 170])
     out_lens = encoder.subsampling.output_lengths(lens).tolist()
     fast, ref = _fast_and_reference(lambda: run_encoder(encoder, feats, lens), monkeypatch)
     assert all("fold" in kept(conv) for conv in _depthwise_convs(encoder))  # the folded path was taken
-    assert all(("packed", "glu") in kept(layer.conv.pointwise_conv1) for layer in encoder.layers)  # GLU fused
+    assert all(glu in kept(layer.conv.pointwise_conv1) for layer in encoder.layers)  # the packed GLU ran
     for b, n in enumerate(out_lens):
         assert float((fast[b, :n] - ref[b, :n]).abs().max() / ref[b, :n].abs().max()) < 1e-5
     state = {k: v.clone() for k, v in encoder.state_dict().items()}
