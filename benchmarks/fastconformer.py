@@ -235,6 +235,111 @@ def measure(kind: str, out: Path, clips, args) -> tuple[dict, dict]:
     return best, tokens
 
 
+#: torch profiler op names (OASR) and onnxruntime op types (NeMo's export) per op family of the profile table
+FAMILIES = {
+    "GEMM": ("mkldnn::_linear_pointwise", "mkl::_mkl_linear", "aten::addmm", "aten::mm", "aten::linear",
+             "MatMul", "Gemm", "FusedMatMul", "MatMulNBits"),
+    "attention core": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::bmm", "aten::gather",
+                       "aten::_softmax", "aten::baddbmm", "Softmax"),
+    "convolutions": ("aten::mkldnn_convolution", "aten::_slow_conv2d_forward", "mkldnn::_convolution_pointwise",
+                     "aten::_convolution", "Conv", "FusedConv"),
+    "LayerNorm": ("aten::native_layer_norm", "LayerNormalization", "SkipLayerNormalization"),
+    "copies, pads, cats": ("aten::copy_", "aten::cat", "aten::fill_", "aten::constant_pad_nd", "aten::zero_",
+                           "aten::contiguous", "aten::clone", "Transpose", "Concat", "Pad", "Slice", "Gather",
+                           "Expand", "Where", "Split"),
+    "elementwise": ("aten::add", "aten::add_", "aten::mul", "aten::mul_", "aten::silu_", "aten::relu_",
+                    "aten::glu", "aten::sigmoid", "aten::masked_fill", "aten::clamp_min_", "aten::sub", "Add", "Mul",
+                    "Sigmoid", "Relu", "Div", "Sub", "Sqrt", "Pow", "ReduceMean", "Neg", "Exp", "Sin", "Cos",
+                    "QuickGelu", "BiasAdd", "Erf", "Tanh", "Not", "Equal", "Less", "Cast", "And", "Or"),
+}
+
+
+def family(op: str) -> str:
+    return next((name for name, ops in FAMILIES.items() if op in ops), "other")
+
+
+def profile_encoders(kind: str, out: Path, clips, args) -> None:
+    """Where the encoder's CPU time goes one clip per call, side by side on the same clips and OASR's features:
+    OASR's encoder under torch.profiler (self CPU per op) and NeMo's ONNX export under onnxruntime's own profiler
+    (``enable_profiling``: kernel time per op type), summed per op family (:data:`FAMILIES`; onnxruntime runs NeMo's
+    pointwise convolutions as ``Conv``) over all clips, each clip run first; and the encoders' plain CPU time
+    (best of ``--repeats``, unprofiled, alternating), which the profiles' shares are scaled to."""
+    import collections
+    import json
+
+    import onnxruntime as ort
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from oasr.checkpoints.loading import load_pretrained
+    from oasr.features import FeatureConfig, extract_features_batch
+
+    loaded = load_pretrained(out / "model.nemo")
+    encoder = loaded.model.encoder
+    config = FeatureConfig.from_spec(loaded.feature_spec)
+    inputs = [extract_features_batch([torch.from_numpy(c)], config) for c in clips]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    plain = ort.InferenceSession(str(out / ("model.onnx" if kind == "ctc" else "encoder.onnx")), options)
+    names = [i.name for i in plain.get_inputs()]
+    feeds = [{names[0]: f.transpose(1, 2).contiguous().numpy(), names[1]: n.numpy()} for f, n in inputs]
+
+    def oasr_all():
+        with torch.inference_mode():
+            for f, n in inputs:
+                encoder(f, n)
+
+    def ort_all(session):
+        for feed in feeds:
+            session.run(None, feed)
+
+    oasr_all(), ort_all(plain)
+    best = {"OASR": float("inf"), "onnxruntime": float("inf")}
+    for round_ in range(args.repeats):
+        for system in (("OASR", "onnxruntime") if round_ % 2 == 0 else ("onnxruntime", "OASR")):
+            c0 = time.process_time()
+            oasr_all() if system == "OASR" else ort_all(plain)
+            best[system] = min(best[system], time.process_time() - c0)
+    ours: collections.Counter = collections.Counter()
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        oasr_all()
+    for event in prof.key_averages():
+        ours[event.key] += event.self_cpu_time_total / 1e3
+    with tempfile.TemporaryDirectory() as folder:
+        options.enable_profiling = True
+        options.profile_file_prefix = os.path.join(folder, "ort")
+        session = ort.InferenceSession(str(out / ("model.onnx" if kind == "ctc" else "encoder.onnx")), options)
+        ort_all(session), ort_all(session), ort_all(session)
+        with open(session.end_profiling()) as f:
+            events = json.load(f)
+    runs = [e for e in events if e.get("name") == "model_run"][-len(feeds):]
+    theirs: collections.Counter = collections.Counter()
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and \
+                any(r["ts"] <= e["ts"] <= r["ts"] + r["dur"] for r in runs):
+            theirs[e["args"]["op_name"]] += e["dur"] / 1e3
+    frames = sum(int(n) for _, n in inputs)
+    print(f"\n{kind.upper()} encoder, {len(clips)} clips one per call ({frames} feature frames), OASR's features; "
+          f"unprofiled CPU s (best of {args.repeats}): OASR {best['OASR']:.2f}, onnxruntime {best['onnxruntime']:.2f}"
+          f" (onnxruntime / OASR {best['onnxruntime'] / best['OASR']:.2f}x)")
+    per_family = {side: collections.Counter() for side in ("OASR", "onnxruntime")}
+    for side, ops in (("OASR", ours), ("onnxruntime", theirs)):
+        for op, ms in ops.items():
+            per_family[side][family(op)] += ms
+    # a profiler's times are wall time per op (a loaded box inflates them): each family's share of its profile is
+    # also given as CPU ms, the share of the unprofiled CPU time
+    totals = {side: sum(per_family[side].values()) for side in per_family}
+    print(f"{'op family':<22}{'OASR prof ms':>14}{'ORT prof ms':>13}{'OASR CPU ms':>13}{'ORT CPU ms':>12}"
+          f"{'OASR - ORT':>12}")
+    for name in (*FAMILIES, "other", "total"):
+        a, b = ((totals["OASR"], totals["onnxruntime"]) if name == "total"
+                else (per_family["OASR"][name], per_family["onnxruntime"][name]))
+        ca, cb = 1e3 * best["OASR"] * a / totals["OASR"], 1e3 * best["onnxruntime"] * b / totals["onnxruntime"]
+        print(f"{name:<22}{a:>14.0f}{b:>13.0f}{ca:>13.0f}{cb:>12.0f}{ca - cb:>12.0f}")
+    for side, ops in (("OASR", ours), ("onnxruntime", theirs)):
+        print(f"-- {side}: top ops: " + ", ".join(f"{op} {ms:.0f}" for op, ms in ops.most_common(14)))
+
+
 #: the streaming model's audio piece fed per stream per round: 560 ms, one trained chunk
 PIECE = 8960
 
@@ -512,6 +617,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--work", type=Path, default=None, help="keep NeMo's models here between runs")
+    parser.add_argument("--profile", action="store_true",
+                        help="only the encoders' per-op-family CPU profile one clip per call (OASR, onnxruntime)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     if not NEMO_PYTHON.is_file():
@@ -525,6 +632,9 @@ def main() -> None:
         for kind in args.model.split(","):
             if kind == "streaming":
                 streaming(root, args)
+                continue
+            if args.profile:
+                profile_encoders(kind, nemo_model(kind, root), clips, args)
                 continue
             best, tokens = measure(kind, nemo_model(kind, root), clips, args)
             report(kind, best, tokens, args, audio_seconds)
