@@ -57,8 +57,8 @@ class LstmPredictor(nn.Module):
         self.lstm = LSTM(config.decoder_hidden_size, config.decoder_hidden_size, config.num_decoder_layers)
 
     def _run(self, tokens: torch.Tensor, hc: tuple[torch.Tensor, torch.Tensor] | None) -> State:
-        out, (h, c) = self.lstm(self.embedding(tokens)[:, None, :], hc)
-        return out[:, 0], h, c
+        out, (h, c) = self.lstm.embedded_step(tokens, self.embedding, hc)
+        return out, h, c
 
     def init_state(self, batch_size: int, device: torch.device) -> State:
         blank = torch.full((batch_size,), self.blank_id, dtype=torch.long, device=device)
