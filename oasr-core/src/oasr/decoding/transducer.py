@@ -79,12 +79,25 @@ def label_window_width(predictor: Any, state: Any) -> int:
 
 
 # -- greedy -------------------------------------------------------------------------------------------
+def _host_picks(logits: np.ndarray, vocab: int, durations: bool) -> list[list]:
+    """Per row of CPU logits (rows, vocab [+ durations]), read in numpy (a few array ops, no torch dispatch per
+    decision): the argmax label of the token logits, its log-probability ``-log(sum(exp(x - max)))`` (the
+    log-softmax at the argmax) and, with ``durations``, the argmax duration index."""
+    tokens = logits[:, :vocab]
+    top = tokens.max(1, keepdims=True)
+    picks = [tokens.argmax(1).tolist(), (-np.log(np.exp(tokens - top).sum(1))).tolist()]
+    if durations:
+        picks.append(logits[:, vocab:].argmax(1).tolist())
+    return picks
+
+
 class GreedyRows:
     """Greedy search state of ``batch`` rows; :meth:`run` consumes frames, :meth:`hypothesis` reads a row.
 
     Each decision is one joint over the rows still active (in row order) and one host transfer of
-    their labels, duration indices and log-probabilities; the per-row frame indices, symbol counts and
-    results are plain Python numbers, so a decision allocates no bookkeeping tensors.
+    their labels, duration indices and log-probabilities (CPU logits are read in numpy, see
+    :func:`_host_picks`); the per-row frame indices, symbol counts and results are plain Python numbers,
+    so a decision allocates no bookkeeping tensors.
     """
 
     def __init__(self, predictor: Any, joiner: Any, batch: int, device: torch.device | str, *, blank_id: int,
@@ -138,17 +151,17 @@ class GreedyRows:
             rows_enc = torch.tensor(active, dtype=torch.long, device=enc_proj.device)
             rows_dev = rows_enc if enc_proj.device == self.device else rows_enc.to(self.device)
             enc, pred = enc_proj[rows_enc, self._times(active, enc_proj.device)], self.pred_proj[rows_dev]
-        logits = self.joiner.joint(enc, pred).float()
+        logits = self.joiner.joint(enc, pred)
         vocab = logits.shape[-1] - len(self.durations)
-        token_logits = logits[:, :vocab]
-        labels = token_logits.argmax(-1)
-        label_lp = token_logits.log_softmax(-1).gather(-1, labels[:, None])[:, 0]
-        picks = [labels, label_lp]
-        if self.durations:
-            picks.append(logits[:, vocab:].argmax(-1))
         if logits.device.type == "cpu":
-            host = [pick.tolist() for pick in picks]
+            host = _host_picks(logits.detach().float().numpy(), vocab, bool(self.durations))
         else:  # one transfer per decision; float64 holds the int ids and the float32 lps exactly
+            logits = logits.float()
+            token_logits = logits[:, :vocab]
+            labels = token_logits.argmax(-1)
+            picks = [labels, token_logits.log_softmax(-1).gather(-1, labels[:, None])[:, 0]]
+            if self.durations:
+                picks.append(logits[:, vocab:].argmax(-1))
             host = torch.stack([pick.double() for pick in picks]).cpu().tolist()
         emitted_rows: list[int] = []
         emitted_labels: list[int] = []
