@@ -7,7 +7,11 @@ sherpa-onnx side is its offline greedy TDT decoder re-enacted in Python over onn
 raw encoder frame (the export's joint projects the frame itself), argmax of the token and duration logits.
 Printed: the predictor (decoder) and joint calls of both per clip set, the tokens' agreement, the process CPU
 time of both searches (the ONNX loop's Python overhead is included in its time: a lower bound on sherpa-onnx's
-advantage), and per-call costs of the predictor step and the joint at one row.
+advantage), and per-call costs of the predictor step and the joint at one row.  OASR runs three ways in turn
+in each round, its earlier paths patched in and restored: session 5's (``torch.lstm_cell`` per layer, the
+joint's linears through the modules), session 6's (one GEMM per layer over the row-major copies, the step
+through the LSTM module: no input-gate table) and the current one (``LSTM.embedded_step``: layer 0's input
+gates looked up in a table); each is checked against the current one (tokens, frames, scores).
 """
 
 from __future__ import annotations
@@ -111,7 +115,7 @@ class OnnxTdt:
 
 
 def lstm_cell_step(lstm, input: torch.Tensor, hx):
-    """The one-step path as it was before session 6 (``torch.lstm_cell`` per layer): the "before" row, with the
+    """The one-step path as it was before session 6 (``torch.lstm_cell`` per layer): the session 5 row, with the
     joint's linears through the modules (no row-major copies)."""
     if hx is None:
         zeros = input.new_zeros(lstm.num_layers, input.shape[0], lstm.hidden_size)
@@ -164,36 +168,58 @@ def main() -> None:
     onnx = OnnxTdt(decoder, joiner, vocab)
     pred, join = Counting(model.predictor), CountingJoint(model.joiner)
     max_symbols = int((loaded.decoding_defaults.options or {}).get("max_symbols", 1))
-    times = {"OASR before (lstm_cell, F.linear)": float("inf"), "OASR": float("inf"), "sherpa-onnx loop": float("inf")}
-    ours, theirs, before = [], [], []
-    lstm = model.predictor.lstm
+    lstm, predictor_cls = model.predictor.lstm, type(model.predictor)
+    table_run = predictor_cls._run
+
+    def module_run(self, tokens, hc):  # the predictor step through the LSTM module: no input-gate table
+        out, (h, c) = self.lstm(self.embedding(tokens)[:, None, :], hc)
+        return out[:, 0], h, c
+
+    def session5():
+        predictor_cls._run = module_run
+        lstm.forward = types.MethodType(lstm_cell_step, lstm)
+        heads.few_row_linear = lambda module, x: module(x)
+
+    def session6():
+        predictor_cls._run = module_run
+
+    def restore():
+        predictor_cls._run = table_run
+        lstm.__dict__.pop("forward", None)
+        heads.few_row_linear = few_row_linear
+
+    # OASR's rows: (setup, its paths), each run with its paths patched in, the current code restored after
+    variants = {"OASR session 5 path (lstm_cell, F.linear)": session5,
+                "OASR without the input-gate table (session 6 step)": session6, "OASR": restore}
+    times = dict.fromkeys([*variants, "sherpa-onnx loop"], float("inf"))
+    results: dict[str, list] = {}
+    theirs = []
     for _ in range(args.repeats):
         with torch.inference_mode():
-            lstm.forward = types.MethodType(lstm_cell_step, lstm)
-            heads.few_row_linear = lambda module, x: module(x)
-            c0 = time.process_time()
-            before = [transducer_greedy_search(pred, join, model.joiner.project_encoder(h), [h.shape[1]],
-                                               blank_id=vocab - 1, max_symbols=max_symbols)[0] for h in hidden]
-            times["OASR before (lstm_cell, F.linear)"] = min(times["OASR before (lstm_cell, F.linear)"],
-                                                        time.process_time() - c0)
-            del lstm.forward
-            heads.few_row_linear = few_row_linear
-            pred.advances = join.joints = onnx.decoder_runs = onnx.joiner_runs = 0
-            c0 = time.process_time()
-            hyps = [transducer_greedy_search(pred, join, model.joiner.project_encoder(h), [h.shape[1]],
-                                             blank_id=vocab - 1, max_symbols=max_symbols)[0] for h in hidden]
-            times["OASR"] = min(times["OASR"], time.process_time() - c0)
-            ours = [h.tokens for h in hyps]
+            for name, setup in variants.items():
+                setup()
+                pred.advances = join.joints = 0
+                c0 = time.process_time()
+                results[name] = [transducer_greedy_search(pred, join, model.joiner.project_encoder(h), [h.shape[1]],
+                                                          blank_id=vocab - 1, max_symbols=max_symbols)[0]
+                                 for h in hidden]
+                times[name] = min(times[name], time.process_time() - c0)
+                restore()
+        onnx.decoder_runs = onnx.joiner_runs = 0
         arrays = [h[0].numpy() for h in hidden]
         c0 = time.process_time()
         theirs = [onnx.decode(a) for a in arrays]
         times["sherpa-onnx loop"] = min(times["sherpa-onnx loop"], time.process_time() - c0)
+    hyps = results["OASR"]
+    ours = [h.tokens for h in hyps]
+    for name in list(variants)[:-1]:
+        other = results[name]
+        drift = max((abs(a.score - b.score) for a, b in zip(other, hyps, strict=True)), default=0.0)
+        print(f"{name} vs OASR: tokens equal on {sum(a.tokens == b.tokens for a, b in zip(other, hyps, strict=True))}"
+              f"/{len(hidden)} clips, frames equal on "
+              f"{sum(a.token_frames == b.token_frames for a, b in zip(other, hyps, strict=True))}, "
+              f"max |score difference| {drift:.1e}")
     same = sum(a == b for a, b in zip(ours, theirs, strict=True))
-    drift = max((abs(a.score - b.score) for a, b in zip(before, hyps, strict=True)), default=0.0)
-    print(f"before vs after: tokens equal on {sum(a.tokens == b.tokens for a, b in zip(before, hyps, strict=True))}"
-          f"/{len(hidden)} clips, frames equal on "
-          f"{sum(a.token_frames == b.token_frames for a, b in zip(before, hyps, strict=True))}, "
-          f"max |score difference| {drift:.1e}")
     emitted = sum(len(t) for t in ours)
     print(f"{args.clips} clips, {frames} encoder frames, {emitted} tokens (OASR); max_symbols {max_symbols}")
     print(f"predictor calls: OASR {pred.advances} + {len(hidden)} start states; "
@@ -202,7 +228,7 @@ def main() -> None:
     print(f"tokens equal on {same}/{len(hidden)} clips")
     for name, value in times.items():
         print(f"search CPU {name}: {value:.3f} s")
-    for name in ("OASR before (lstm_cell, F.linear)", "OASR"):
+    for name in variants:
         print(f"ratio sherpa-onnx loop / {name}: {times['sherpa-onnx loop'] / times[name]:.2f}x")
     # per-call costs at one row
     with torch.inference_mode():
@@ -211,10 +237,19 @@ def main() -> None:
         tok, emit = torch.tensor([3]), torch.tensor([True])
         enc = model.joiner.project_encoder(hidden[0][:, 0])
         pp = model.joiner.project_predictor(p.predict(state))
+
+        def untabled_step():
+            session6()
+            try:
+                return model.joiner.project_predictor(p.predict(p.advance(state, tok, emit)))
+            finally:
+                restore()
+
         rows = {
             "OASR predictor step (advance + project_predictor)":
                 lambda: model.joiner.project_predictor(p.predict(p.advance(state, tok, emit))),
-            "OASR joint (one row)": lambda: model.joiner.joint(enc, pp).float().log_softmax(-1),
+            "OASR predictor step without the input-gate table": untabled_step,
+            "OASR joint (one row, logits)": lambda: model.joiner.joint(enc, pp),
         }
         dec_states = onnx.init_states()
         dec_out, _ = onnx.run_decoder(3, dec_states)
