@@ -154,6 +154,10 @@ def zero_beyond(x: torch.Tensor, lengths: torch.Tensor | None, axis: int) -> tor
     return x * keep.view(shape).to(x.dtype)
 
 
+def _pair(value: int | tuple[int, int]) -> list[int]:
+    return [value, value] if isinstance(value, int) else list(value)
+
+
 class FastConformerSubsampling(nn.Module):
     """Depthwise-separable striding Conv2d subsampling: (B, T, F) → (B, T / factor, hidden)."""
 
@@ -183,18 +187,65 @@ class FastConformerSubsampling(nn.Module):
         """(B, T, F) → (B, T', hidden).  Under inference a batch's convolutions run row by row over each row's
         own frames (what the padded, masked batch computes on its valid frames; frames past a row's length are
         zero before ``linear``): the stem's (B, C, T / 2, F / 2) output of a batch of 8 ten-second clips is
-        160 MB, and every pass over tensors that size (fresh pages, no cache) cost 4-8x a row's share."""
+        160 MB, and every pass over tensors that size (fresh pages, no cache) cost 4-8x a row's share.  On the
+        packed path the rows take :meth:`_packed_columns`."""
         batch, frames = feats.shape[:2]
-        if torch.is_grad_enabled() or batch == 1:
+        fast = self._fusable(feats)
+        if not fast and (torch.is_grad_enabled() or batch == 1):
             return self.linear(self._columns(self._convolutions(feats, lengths)))
-        counts = lengths.tolist() if lengths is not None else [frames] * batch
+        columns = self._packed_columns if fast else (lambda f: self._columns(self._convolutions(f, None)))
+        linear = self._packed()[1] if fast else self.linear
+        if lengths is None:  # every row whole: no frame reads padding
+            return linear(columns(feats))
         x = None
-        for b, n in enumerate(counts):
-            row = self._columns(self._convolutions(feats[b:b + 1, :max(int(n), 1)], None))[0]
+        for b, n in enumerate(lengths.tolist()):
+            row = columns(feats[b:b + 1, :max(int(n), 1)])[0]
             if x is None:
                 x = row.new_zeros(batch, int(self.output_lengths(torch.tensor(frames))), row.shape[-1])
             x[b, :row.shape[0]] = row
-        return self.linear(x)
+        return linear(x)
+
+    def _fusable(self, feats: torch.Tensor) -> bool:
+        """Whether the convolutions take :meth:`_packed_columns` (CPU fp32 inference, oneDNN, kernels on)."""
+        return packed.fusable([m for m in self.layers if isinstance(m, Conv2d)] + [self.linear], feats, min_rows=1)
+
+    def _packed(self) -> tuple[list[tuple[Conv2d, torch.Tensor, str]], Linear]:
+        """Each convolution with its weight reordered once for oneDNN and its epilogue ("relu" where a ReLU follows
+        it), and ``linear`` with its input columns permuted from the channel-major (C, F') flattening to the
+        channels-last (F', C) one, so it reads the last convolution's output as it lies."""
+        convs = [(m, "relu" if i + 1 < len(self.layers) and isinstance(self.layers[i + 1], Relu) else "none")
+                 for i, m in enumerate(self.layers) if isinstance(m, Conv2d)]
+
+        def build():
+            weights = []
+            for conv, post in convs:
+                hint = [1, conv.in_channels, 64, 64]  # a shape hint for oneDNN's choice of weight layout
+                weight = torch._C._nn.mkldnn_reorder_conv2d_weight(
+                    conv.weight.contiguous().to_mkldnn(), _pair(conv.padding), _pair(conv.stride), [1, 1],
+                    conv.groups, hint)
+                weights.append((conv, weight, post))
+            hidden, width = self.linear.weight.shape
+            channels = convs[-1][0].out_channels
+            linear = PackedLinear(width, hidden, bias=self.linear.bias is not None).requires_grad_(False)
+            linear.weight.copy_(self.linear.weight.view(hidden, channels, width // channels).transpose(1, 2)
+                                .reshape(hidden, width))
+            if self.linear.bias is not None:
+                linear.bias.copy_(self.linear.bias)
+            return weights, linear
+
+        sources = [t for m in (*(conv for conv, _ in convs), self.linear) for t in (m.weight, m.bias)]
+        return derived(self, "packed_subsampling", sources, build)
+
+    def _packed_columns(self, feats: torch.Tensor) -> torch.Tensor:
+        """(B, T, F) → (B, T', F'·C): the convolutions as oneDNN convolutions over reordered weights, channels-last
+        (no layout change between them), each ReLU their epilogue; each frame's columns frequency-major, as the
+        permuted ``linear`` of :meth:`_packed` reads them (every row whole)."""
+        x = feats.unsqueeze(1).contiguous(memory_format=torch.channels_last)
+        for conv, weight, post in self._packed()[0]:
+            x = torch.ops.mkldnn._convolution_pointwise(x, weight, conv.bias, _pair(conv.padding), _pair(conv.stride),
+                                                        [1, 1], conv.groups, post, [], "")
+        batch, channels, frames, freq = x.shape
+        return x.permute(0, 2, 3, 1).reshape(batch, frames, freq * channels)
 
     def _convolutions(self, feats: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
         """(B, T, F) → (B, C, T', F') through the convolution stack, the frames past each row's length zeroed

@@ -148,6 +148,40 @@ def test_batched_subsampling_row_by_row_equals_the_masked_batch(encoder):
     assert float((unmasked[1, :int(out_lens[1])] - rows[1, :int(out_lens[1])]).abs().max()) > 1e-3
 
 
+@pytest.mark.parametrize("frames", [1, 2, 9, 301, 800])
+def test_packed_subsampling_equals_the_reference_ops(encoder, frames, monkeypatch):
+    """The subsampling's channels-last oneDNN convolutions (reordered weights, ReLU epilogues) and the permuted
+    ``linear`` equal the reference ops, alone and in a padded batch, are taken, and follow a weight change."""
+    torch.manual_seed(frames)
+    sub = encoder.subsampling
+
+    def run(feats, lens):
+        with torch.no_grad():
+            return sub(feats, lens)
+
+    feats = torch.randn(1, frames, 16)
+    fast, ref = _fast_and_reference(lambda: run(feats, None), monkeypatch)
+    fast_first = fast
+    assert "packed_subsampling" in kept(sub)  # the packed path ran
+    assert fast.shape == ref.shape == (1, int(sub.output_lengths(torch.tensor(frames))), 32)
+    assert float((fast - ref).abs().max() / ref.abs().max()) < 1e-5
+    batch, lens = torch.randn(3, frames + 40, 16), torch.tensor([frames + 40, frames, 1])
+    for rows in (batch, lens), (batch[1:2], lens[1:2]):  # a padded batch, and one padded row
+        fast, ref = _fast_and_reference(lambda: run(*rows), monkeypatch)  # noqa: B023
+        assert fast.shape == ref.shape
+        for b, n in enumerate(sub.output_lengths(rows[1]).tolist()):
+            assert float((fast[b, :n] - ref[b, :n]).abs().max() / ref[b, :n].abs().max()) < 1e-5
+    with torch.no_grad():
+        sub.layers[2].weight.mul_(-1.5)  # the first depthwise-separable stage's depthwise conv, in place
+        sub.linear.weight[:, :3].mul_(2.0)
+    changed = run(feats, None)  # no forget(): the kept weights must notice the edit themselves
+    with monkeypatch.context() as m:
+        m.setenv("OASR_KERNELS", "0")
+        ref = run(feats, None)
+    assert float((changed - ref).abs().max() / ref.abs().max()) < 1e-5
+    assert float((changed - fast_first).abs().max()) > 1e-3  # the new weights reached the packed path
+
+
 def _randomize_norms(module) -> None:
     """Random BatchNorm statistics and norm affines, so a fold that ignored any of them would show."""
     with torch.no_grad():
