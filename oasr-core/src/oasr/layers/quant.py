@@ -33,6 +33,7 @@ The ``quantization`` section of a bundle::
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -108,8 +109,14 @@ class Int8Weight:
         return F.linear(x, weight, bias)
 
 
+@functools.cache
+def _has_fbgemm() -> bool:
+    # the engine list is built anew on every read (~5-13 us, once per int8 call at one row)
+    return "fbgemm" in torch.backends.quantized.supported_engines
+
+
 def _fbgemm(x: torch.Tensor) -> bool:
-    return x.device.type == "cpu" and "fbgemm" in torch.backends.quantized.supported_engines
+    return x.device.type == "cpu" and _has_fbgemm()
 
 
 def _group_pack(linears: tuple[Linear, ...]) -> tuple[Any, torch.Tensor | None]:

@@ -166,7 +166,7 @@ class WhisperDecoder(nn.Module):
         flat, rows = logits.reshape(-1, logits.shape[-1]), hidden.reshape(-1, hidden.shape[-1])
         top = flat.topk(min(RESCORED_TOP, flat.shape[-1]), dim=-1).indices
         table = self.embed_tokens.weight
-        exact = torch.einsum("nd,nkd->nk", rows.to(table.dtype), table[top])
+        exact = torch.matmul(table[top], rows.to(table.dtype)[:, :, None])[:, :, 0]
         flat.scatter_(1, top, exact.to(flat.dtype))
         return flat.view_as(logits)
 
@@ -219,6 +219,8 @@ class WhisperDecoder(nn.Module):
         """Whether ``layer``'s linears run on the prepacked path: fp32 linears, CPU inference, at least
         ``_PACKED_MIN_ROWS`` rows (a batched decode step's few rows included, padded to a power of two),
         a small decoder (the bound of the stacked q/k/v below: the packed copies cost memory)."""
+        if x.numel() // x.shape[-1] < _PACKED_MIN_ROWS:  # a one-row step: decided before the linears' checks
+            return False
         sa, ca = layer.self_attn, layer.encoder_attn
         linears = [getattr(sa, name) for name in sa.names] + [getattr(ca, ca.names[0]), getattr(ca, ca.names[3]),
                                                               layer.fc1, layer.fc2]
@@ -316,7 +318,6 @@ class WhisperDecoder(nn.Module):
         Prefill (``write_pos`` None): causal self-attention over the L positions, K/V stored at 0..L-1.
         Step (L == 1): K/V written at ``write_pos`` (B,) per row, attention over each row's keys.
         """
-        rows = torch.arange(x.shape[0], device=x.device)
         if write_pos is not None:
             span = (state.uniform_length if state.uniform_length is not None else int(write_pos.max())) + 1
             key_mask = None if state.uniform_length is not None else \
@@ -337,6 +338,7 @@ class WhisperDecoder(nn.Module):
                     kbuf[:, :, span - 1:span] = k
                     vbuf[:, :, span - 1:span] = v
                 else:
+                    rows = torch.arange(x.shape[0], device=x.device)
                     kbuf[rows, :, write_pos] = k[:, :, 0]
                     vbuf[rows, :, write_pos] = v[:, :, 0]
                 scores = torch.matmul(q, kbuf[:, :, :span].transpose(-1, -2)) * (self.head_dim ** -0.5)
