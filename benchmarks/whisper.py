@@ -14,7 +14,8 @@ WER, how many transcripts equal faster-whisper's (fp32), OASR int8's token agree
 OASR's split of time (features / encoder / decoder), and the machine.
 Usage: ``python benchmarks/whisper.py [--repeats 2] [--long-seconds 120] [--skip NAME ...]``;
 ``--sensitivity`` instead prints int8 token agreement with one group of linears quantized at a time;
-``--steps N`` the CPU time of one incremental decoder step at one row, OASR vs CTranslate2, and OASR's split;
+``--steps N`` the CPU time of one incremental decoder step at one row, OASR vs CTranslate2, and the split of
+OASR's greedy token by category (vocabulary product, rescoring, step linears, attention products, ...);
 ``--screen-ab`` adds OASR fp32 with the (opt-in) int8-screened vocabulary projection on.
 """
 
@@ -253,30 +254,52 @@ def _oasr_loop_ms(decoder, cross, gen, prompt: list[int], steps: int) -> tuple[f
     return 1e3 * seconds / n, out[0].tokens, out[0].avg_logprob, 1e3 * spent[0] / n
 
 
-def _step_split(decoder, cross, prompt: list[int], steps: int) -> str:
-    """Shares of one step's CPU time (torch profiler): the vocabulary projection, then aten ops."""
+#: categories of a decoder token's CPU time: (name, where the op runs, aten op names); the first match wins
+_SPLIT = (("vocabulary product", "vocabulary", ("quantized::linear_dynamic", "aten::mm", "aten::addmm", "aten::mv")),
+          ("rescoring", "vocabulary", None),
+          ("step linears", None, ("aten::addmm", "aten::mm", "quantized::linear_dynamic", "mkldnn::_linear_pointwise")),
+          ("cross-attention products", "cross", ("aten::bmm", "aten::mm")),
+          ("self-attention products", None, ("aten::bmm",)),
+          ("norms / GELU / softmax", None, ("aten::native_layer_norm", "aten::gelu", "aten::_softmax")))
+
+
+def _step_split(decoder, cross, gen, prompt: list[int], steps: int) -> str:
+    """Shares of a greedy token's time (torch profiler over the search loop: aten self time by category;
+    "other ops" = every other aten op, "Python and dispatch" = the loop's time outside aten ops)."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    logits = decoder.logits
+    logits, cross_fn = decoder.logits, decoder._cross
 
     def labelled(hidden):
-        with record_function("vocabulary projection"):
+        with record_function("vocabulary"):
             return logits(hidden)
 
-    decoder.logits = labelled
+    def labelled_cross(*args, **kwargs):
+        with record_function("cross"):
+            return cross_fn(*args, **kwargs)
+
+    decoder.logits, decoder._cross = labelled, labelled_cross
     try:
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            _oasr_step_ms(decoder, cross, prompt, steps)
+        with profile(activities=[ProfilerActivity.CPU]) as prof, record_function("loop"):
+            _oasr_loop_ms(decoder, cross, gen, prompt, steps)
     finally:
-        del decoder.logits
-    events = prof.key_averages()
-    total = sum(e.self_cpu_time_total for e in events)
-    vocab = next(e.cpu_time_total for e in events if e.key == "vocabulary projection")
-    parts = [f"vocabulary projection {100 * vocab / total:.0f}%"]
-    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:6]:
-        if e.key != "vocabulary projection":
-            parts.append(f"{e.key} {100 * e.self_cpu_time_total / total:.0f}%")
-    return ", ".join(parts) + " (aten self time; mm/addmm include the vocabulary projection's product)"
+        del decoder.logits, decoder._cross
+    shares = dict.fromkeys([name for name, _, _ in _SPLIT] + ["other ops"], 0.0)
+    spent = 0.0
+    for event in prof.events():
+        if event.name == "loop":
+            spent += event.cpu_time_total
+        if event.name in ("loop", "vocabulary", "cross"):
+            continue
+        where, parent = set(), event.cpu_parent
+        while parent is not None:
+            where.add(parent.name)
+            parent = parent.cpu_parent
+        name = next((n for n, label, ops in _SPLIT if (label is None or label in where)
+                     and (ops is None or event.name in ops)), "other ops")
+        shares[name] += event.self_cpu_time_total
+    shares["Python and dispatch"] = max(0.0, spent - sum(shares.values()))
+    return ", ".join(f"{k} {100 * v / spent:.0f}%" for k, v in shares.items())
 
 
 def decoder_steps(model_dir: str, audio, steps: int, rounds: int) -> None:
@@ -300,7 +323,7 @@ def decoder_steps(model_dir: str, audio, steps: int, rounds: int) -> None:
             cross = model.decoder.cross_kv(model.encoder(mel.t()[None]))
             _oasr_step_ms(model.decoder, cross, prompt, 5)
             results[f"oasr {precision}"] = min(_oasr_step_ms(model.decoder, cross, prompt, steps) for _ in range(rounds))
-            split = _step_split(model.decoder, cross, prompt, min(steps, 50))
+            split = _step_split(model.decoder, cross, gen, prompt, min(steps, 50))
             # the plain loop and the int8-screened vocabulary projection, alternating
             for screened in [False, True] * rounds:
                 model.decoder.screen_vocabulary = model.decoder.screen_int8_vocabulary = screened
@@ -310,7 +333,7 @@ def decoder_steps(model_dir: str, audio, steps: int, rounds: int) -> None:
                     results[name], results[f"{name} deferred"] = ms, deferred
                 results[f"{name} tokens"], results[f"{name} avg"] = tokens, avg
             del model.decoder.screen_vocabulary, model.decoder.screen_int8_vocabulary  # the class defaults
-        print(f"OASR {precision} step split: {split}", flush=True)
+        print(f"OASR {precision} greedy token split: {split}", flush=True)
         fw = WhisperModel(model_dir, device="cpu", compute_type="int8" if precision == "int8" else "float32",
                           cpu_threads=1)
         feats = fw.feature_extractor(window)[:, : model.config.input_frames]
