@@ -47,14 +47,19 @@ _IN_PLACE = {"swish": F.silu, "silu": F.silu, "relu": F.relu}
 
 
 def _fast(linears: Sequence[nn.Module], x: torch.Tensor, min_rows: int = MIN_ROWS) -> bool:
-    if x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() < 2:
+    # called once per GEMM: ``is_cpu`` and one parameter lookup per linear (a module attribute or a
+    # ``.device`` costs microseconds, a few % of a one-clip encoder's GEMM calls)
+    if not x.is_cpu or x.dtype != torch.float32 or x.dim() < 2:
         return False
     if torch.is_grad_enabled() or torch.jit.is_tracing() or torch.jit.is_scripting():
         return False
     if x.numel() // x.size(-1) < min_rows or not torch.backends.mkldnn.is_available() or not kernels_enabled():
         return False
-    return all(getattr(lin, "_int8", None) is None and lin.weight.dtype == torch.float32
-               and lin.weight.device.type == "cpu" for lin in linears)
+    for lin in linears:
+        weight = lin.weight
+        if getattr(lin, "_int8", None) is not None or weight.dtype != torch.float32 or not weight.is_cpu:
+            return False
+    return True
 
 
 def _reference(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -280,16 +285,18 @@ def sgemm(module: nn.Module, x: torch.Tensor, activation: str = "none", *,
     kernel or 10-15 % faster at the same rows (docs/benchmarks.md § Parakeet, session 7).  The product equals
     ``F.linear`` (MKL's sgemm packing the weight per call) bit for bit.  Reference ops where the fast path does not
     apply (see :func:`fusable`) or torch has no MKL."""
+    bias = module.bias
     if not (_fast((module,), x, 1) and sgemm_available() and activation in _POST_OPS
-            and (module.bias is None or module.bias.dtype == torch.float32)
-            and (residual is None or (residual.shape == (*x.shape[:-1], module.weight.size(0))
-                                      and residual.dtype == x.dtype))):
+            and (bias is None or bias.dtype == torch.float32)
+            and (residual is None or (residual.shape[:-1] == x.shape[:-1] and residual.dtype == x.dtype))):
         if residual is not None:  # the reference ops (linear_add's, taken below any row count)
             return linear_add(module, x, residual, scale=scale, min_rows=x.numel() + 1)
         return linear(module, x, activation, min_rows=x.numel() + 1)
     weight, flat = _sgemm_packed(module)
-    y = torch.ops.mkl._mkl_linear(x, weight, flat, module.bias, x.numel() // x.size(-1))
+    y = torch.ops.mkl._mkl_linear(x, weight, flat, bias, x.numel() // x.size(-1))
     if residual is not None:
+        if residual.shape != y.shape:  # broadcast as the reference does
+            return residual + (y * scale if scale != 1.0 else y)
         return torch.add(residual, y, alpha=scale, out=y)
     if activation in _IN_PLACE:
         return _IN_PLACE[activation](y, inplace=True)

@@ -105,17 +105,21 @@ def packed_gemm(layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
 def gemm_add(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """``residual + scale * layer(x)``; on the packed path the scaled add is one in-place pass over the sgemm's
     output, or (oneDNN) the GEMM's epilogue with the scale folded into the packed weight."""
+    if SGEMM and x.numel():  # sgemm runs the reference ops itself where its fast path does not apply
+        return packed.sgemm(layer, x, residual=residual, scale=scale)
     if x.numel() == 0 or not packed.fusable((layer,), x, min_rows=1) or residual.shape[:-1] != x.shape[:-1]:
         y = layer(x)
         return residual + (scale * y if scale != 1.0 else y)
-    if SGEMM:
-        return packed.sgemm(layer, x, residual=residual, scale=scale)
     return rows_blocked(lambda rows, res: packed.linear_add(layer, rows, res, scale=scale, min_rows=TAIL_ROWS),
                         x, residual)
 
 
 class _PackedGemm:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # a Linear: sgemm runs its reference ops itself where its fast path does not apply (one check a call);
+        # a PointwiseConv1d's reference is its own call, so it asks packed_gemm first
+        if SGEMM and x.numel() and isinstance(self, Linear):
+            return packed.sgemm(self, x, self.activation if isinstance(self, LinearActivation) else "none")
         out = packed_gemm(self, x)
         return super().forward(x) if out is None else out
 
@@ -344,10 +348,10 @@ class FastConformerConvolution(nn.Module):
     def pointwise_glu(self, x: torch.Tensor) -> torch.Tensor:
         """``glu(pointwise_conv1(x))``; on the packed path one sgemm and ``F.glu``, or (oneDNN) the GLU as the
         epilogue of the two half GEMMs (:func:`oasr.layers.packed.glu_linear`)."""
+        if SGEMM and x.numel():
+            return F.glu(packed.sgemm(self.pointwise_conv1, x), dim=-1)
         if x.numel() == 0 or not packed.fusable((self.pointwise_conv1,), x, min_rows=1):
             return self.glu(self.pointwise_conv1(x))
-        if SGEMM:
-            return F.glu(packed.sgemm(self.pointwise_conv1, x), dim=-1)
         return rows_blocked(lambda rows: packed.glu_linear(self.pointwise_conv1, rows, min_rows=TAIL_ROWS), x)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor | None,
