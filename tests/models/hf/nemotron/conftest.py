@@ -136,6 +136,7 @@ def states_for(encoder, prompt=None):
 def stream_by_hand(encoder, feats: torch.Tensor, chunk: int, prompt=None) -> list[torch.Tensor]:
     """One stream's features (T, F) chunk by chunk through forward_chunk_slots, as the executor feeds them
     (``streaming_tail_frames`` zero frames appended); each chunk's valid hidden frames."""
+    encoder.prepare_streaming(chunk, -1)  # sizes the K/V ring for this chunk, as the engine does
     geometry = encoder.streaming_geometry(chunk)
     width = geometry.window_frames
     stream = torch.cat([feats, torch.zeros(encoder.streaming_tail_frames, feats.shape[1])])

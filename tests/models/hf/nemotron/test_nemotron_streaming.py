@@ -13,7 +13,9 @@ from oasr.engine import Engine, EngineConfig
 from oasr.engine.options import DecodingOptions
 from oasr.errors import CapabilityError
 from oasr.features import FeatureConfig, extract_features_batch
+from oasr.layers.derived import kept
 
+from .conftest import states_for
 from .conftest import stream_by_hand as _stream_by_hand
 
 pytestmark = pytest.mark.reference
@@ -65,15 +67,54 @@ def test_the_default_chunk_is_one_trained_chunk(any_dir, loaded):
 
 def test_state_declarations(loaded):
     encoder = loaded.model.encoder
+    encoder.prepare_streaming(4, -1)
     specs = {s.name: s for s in encoder.streaming_state_specs}
     assert encoder.streaming_kind == "slot"
     assert {"delay", "sub0", "sub1", "sub2", "kv", "conv"} <= set(specs)
-    assert specs["kv"].shape[4] == encoder.left_chunks * encoder.attention_chunk
+    # the K/V ring: the trained history and the chunk the engine streams at
+    assert specs["kv"].shape[4] == encoder.left_chunks * encoder.attention_chunk + 4
     assert specs["conv"].shape[2] == loaded.config.conv_kernel_size - 1
     if loaded.architecture == "nemotron3_5_asr":
         assert specs["prompt"].persistent and specs["prompt"].fill_value == loaded.config.default_prompt_id
     else:
         assert "prompt" not in specs
+
+
+def test_the_kv_ring_is_written_in_place(loaded, speech):
+    """A chunk writes its keys and values into its own slots of the stream's ring (absolute frame p in slot
+    p mod ring) in the state tensor it was handed, and leaves the other slots as they were."""
+    encoder = loaded.model.encoder
+    chunk = 4
+    encoder.prepare_streaming(chunk, -1)
+    ring = encoder.ring_frames
+    feats, _ = extract_features_batch([torch.from_numpy(speech[0])], FeatureConfig.from_spec(loaded.feature_spec))
+    states = states_for(encoder)
+    width = encoder.streaming_geometry(chunk).window_frames
+    offset = 0
+    with torch.no_grad():
+        for pos in range(0, 6 * width, width):  # past one turn of the ring (ring < 6 chunks)
+            kv = states["kv"]
+            before = kv.clone()
+            _, valid, updated = encoder.forward_chunk_slots(feats[:, pos:pos + width], torch.tensor([width]),
+                                                            torch.tensor([offset]), states)
+            assert updated["kv"] is kv  # in place: no copy of the ring per chunk
+            written = [(offset + j) % ring for j in range(chunk)]
+            kept = [r for r in range(ring) if r not in written]
+            assert torch.equal(kv[:, :, :, :, kept], before[:, :, :, :, kept])
+            assert not torch.equal(kv[:, :, :, :, written], before[:, :, :, :, written])
+            states.update(updated)
+            offset += int(valid[0])
+    assert offset == 6 * chunk > ring
+
+
+def test_prepare_streaming_packs_the_weights_before_the_first_chunk(stream_dir):
+    """Engine construction runs one chunk on the packed CPU path, so the first stream's first chunk does not
+    pack ~all the encoder's GEMM weights."""
+    model = load_pretrained(stream_dir).model
+    linear = model.encoder.layers[-1].feed_forward2.linear2
+    assert not kept(linear)
+    model.encoder.prepare_streaming(2, -1)
+    assert any(name[0] == "packed" for name in kept(linear))
 
 
 def _engine(path, **kw):
