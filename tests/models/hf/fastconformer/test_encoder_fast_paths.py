@@ -17,46 +17,39 @@ from tests.models.hf.nemotron.conftest import stream_by_hand
 from .conftest import run_encoder
 
 
-@pytest.mark.parametrize("rows", [1, 15, 37, 100, 1100])
-def test_packed_gemm_is_one_sgemm_at_the_own_row_count(rows, monkeypatch):
-    if not fc.SGEMM:
-        pytest.skip("torch built without MKL: the oneDNN blocks run (tested below)")
+def _packed_gemm_rows(rows, kernel, monkeypatch):
+    """``packed_gemm`` of a (rows, 48) input through a 48 -> 96 SiLU layer, with the row counts it handed
+    ``packed.<kernel>``: (output, reference, row counts)."""
     torch.manual_seed(rows)
     layer = fc.PackedLinearActivation(48, 96, "silu")
     x = torch.randn(rows, 48)
     seen = []
-    true_sgemm = packed.sgemm
+    true_kernel = getattr(packed, kernel)
 
     def spy(module, block, *args, **kwargs):
         seen.append(block.shape[0])
-        return true_sgemm(module, block, *args, **kwargs)
+        return true_kernel(module, block, *args, **kwargs)
 
-    monkeypatch.setattr(packed, "sgemm", spy)
+    monkeypatch.setattr(packed, kernel, spy)
     with torch.no_grad():
         out = fc.packed_gemm(layer, x)
-    assert seen == [rows]  # one call, no padded rows
     assert out is not None and out.shape == (rows, 96)
-    assert torch.allclose(out, F.silu(x @ layer.weight.T + layer.bias), rtol=1e-5, atol=1e-5)
+    return out, F.silu(x @ layer.weight.T + layer.bias), seen
+
+
+@pytest.mark.parametrize("rows", [1, 15, 37, 100, 1100])
+def test_packed_gemm_is_one_sgemm_at_the_own_row_count(rows, monkeypatch):
+    if not fc.SGEMM:
+        pytest.skip("torch built without MKL: the oneDNN blocks run (tested below)")
+    out, ref, seen = _packed_gemm_rows(rows, "sgemm", monkeypatch)
+    assert seen == [rows]  # one call, no padded rows
+    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("rows", [1, 15, 16, 37, 64, 100, 577, 1100])
 def test_packed_gemm_blocks_and_tail_equal_linear(rows, monkeypatch):
     monkeypatch.setattr(fc, "SGEMM", False)  # oneDNN's kernel: whole blocks and one tail
-    torch.manual_seed(rows)
-    layer = fc.PackedLinearActivation(48, 96, "silu")
-    x = torch.randn(rows, 48)
-    seen = []
-    true_linear = packed.linear
-
-    def spy(module, block, *args, **kwargs):
-        seen.append(block.shape[0])
-        return true_linear(module, block, *args, **kwargs)
-
-    monkeypatch.setattr(packed, "linear", spy)
-    with torch.no_grad():
-        out = fc.packed_gemm(layer, x)
-    assert out is not None and out.shape == (rows, 96)
-    ref = F.silu(x @ layer.weight.T + layer.bias)
+    out, ref, seen = _packed_gemm_rows(rows, "linear", monkeypatch)
     assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5)
     # whole blocks are multiples of 64 rows (at most packed.BLOCK_ROWS), the tail a multiple of 16 under 64
     assert all(n % packed.MIN_ROWS == 0 and n <= packed.BLOCK_ROWS or n in (16, 32, 48) for n in seen), seen
