@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules.utils import _pair
 
 from oasr import layers
 from oasr.layers import packed
@@ -32,10 +33,6 @@ PACKED_TILE_ROWS = 256
 #: ``packed.BLOCK_ROWS`` (512) for a 2280-row FFN at d 256 <-> 2048, one thread (the 2 MB weights are
 #: streamed half as often)
 FFN_BLOCK_ROWS = 1024
-
-def _pair(value: int | tuple[int, int]) -> tuple[int, int]:
-    return (value, value) if isinstance(value, int) else tuple(value)
-
 
 # -- subsampling ----------------------------------------------------------------------------------------
 def _convs(sub: nn.Module) -> list[layers.Conv2d]:
@@ -55,20 +52,10 @@ def _subsampling_weights(sub: nn.Module) -> tuple[list[tuple[torch.Tensor, torch
     convs = _convs(sub)
 
     def build():
-        weights = []
-        for conv, (channels, freq) in zip(convs, sub.conv_inputs, strict=True):
-            hint = [1, channels, 64, freq]  # a shape hint for oneDNN's choice of weight layout
-            mk = torch._C._nn.mkldnn_reorder_conv2d_weight(conv.weight.detach().contiguous().to_mkldnn(),
-                                                           [0, 0], list(_pair(conv.stride)), [1, 1], 1, hint)
-            weights.append((mk, None if conv.bias is None else conv.bias.detach()))
-        d, width = sub.out.weight.shape
-        channels = convs[-1].out_channels
-        out = layers.Linear(width, d, bias=sub.out.bias is not None).requires_grad_(False)
-        out.weight.copy_(sub.out.weight.detach().view(d, channels, width // channels).transpose(1, 2)
-                         .reshape(d, width))
-        if sub.out.bias is not None:
-            out.bias.copy_(sub.out.bias.detach())
-        return weights, out
+        weights = [(packed.conv2d_weight(conv, [1, channels, 64, freq]),
+                    None if conv.bias is None else conv.bias.detach())
+                   for conv, (channels, freq) in zip(convs, sub.conv_inputs, strict=True)]
+        return weights, packed.channels_last_columns(sub.out, convs[-1].out_channels)
 
     return derived(sub, "subsampling", [t for m in (*convs, sub.out) for t in (m.weight, m.bias)], build)
 

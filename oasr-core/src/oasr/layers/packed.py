@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules.utils import _pair
 
 from oasr.layers._backend import kernels_enabled
 from oasr.layers.activation import activation_fn
@@ -195,6 +196,29 @@ def depthwise_norm_activation(conv: nn.Module, norm: nn.Module, activation: nn.M
     if name in _IN_PLACE:  # this call's own tensor
         return _IN_PLACE[name](out, inplace=True)
     return activation(out)
+
+
+def conv2d_weight(conv: nn.Module, input_hint: Sequence[int]) -> torch.Tensor:
+    """``conv``'s (Conv2d) weight reordered once for oneDNN's convolution
+    (``torch.ops.mkldnn._convolution_pointwise`` with ``conv``'s padding, stride and groups, dilation 1);
+    ``input_hint`` (N, C, H, W) is a typical input shape, for oneDNN's choice of weight layout.  Build it
+    inside a :func:`~oasr.layers.derived.derived` value."""
+    return torch._C._nn.mkldnn_reorder_conv2d_weight(
+        conv.weight.detach().contiguous().to_mkldnn(), _pair(conv.padding), _pair(conv.stride), [1, 1], conv.groups,
+        list(input_hint))
+
+
+def channels_last_columns(linear: nn.Module, channels: int, cls: type[nn.Module] = Linear) -> nn.Module:
+    """A ``cls`` copy of ``linear`` (no grad) whose input columns are permuted from the channel-major (C, F)
+    flattening of a convolution's (C, F) output to the channels-last (F, C) one, so it reads a channels-last
+    convolution output as it lies."""
+    out_features, width = linear.weight.shape
+    copy = cls(width, out_features, bias=linear.bias is not None).requires_grad_(False)
+    copy.weight.copy_(linear.weight.detach().view(out_features, channels, width // channels).transpose(1, 2)
+                      .reshape(out_features, width))
+    if linear.bias is not None:
+        copy.bias.copy_(linear.bias.detach())
+    return copy
 
 
 def _glu_halves(module: nn.Module) -> tuple[tuple[torch.Tensor, torch.Tensor | None], ...]:

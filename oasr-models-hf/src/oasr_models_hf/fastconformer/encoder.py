@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.modules.utils import _pair
 
 from oasr.layers import (
     BatchNorm1d,
@@ -158,10 +159,6 @@ def zero_beyond(x: torch.Tensor, lengths: torch.Tensor | None, axis: int) -> tor
     return x * keep.view(shape).to(x.dtype)
 
 
-def _pair(value: int | tuple[int, int]) -> list[int]:
-    return [value, value] if isinstance(value, int) else list(value)
-
-
 class FastConformerSubsampling(nn.Module):
     """Depthwise-separable striding Conv2d subsampling: (B, T, F) → (B, T / factor, hidden)."""
 
@@ -221,21 +218,8 @@ class FastConformerSubsampling(nn.Module):
                  for i, m in enumerate(self.layers) if isinstance(m, Conv2d)]
 
         def build():
-            weights = []
-            for conv, post in convs:
-                hint = [1, conv.in_channels, 64, 64]  # a shape hint for oneDNN's choice of weight layout
-                weight = torch._C._nn.mkldnn_reorder_conv2d_weight(
-                    conv.weight.contiguous().to_mkldnn(), _pair(conv.padding), _pair(conv.stride), [1, 1],
-                    conv.groups, hint)
-                weights.append((conv, weight, post))
-            hidden, width = self.linear.weight.shape
-            channels = convs[-1][0].out_channels
-            linear = PackedLinear(width, hidden, bias=self.linear.bias is not None).requires_grad_(False)
-            linear.weight.copy_(self.linear.weight.view(hidden, channels, width // channels).transpose(1, 2)
-                                .reshape(hidden, width))
-            if self.linear.bias is not None:
-                linear.bias.copy_(self.linear.bias)
-            return weights, linear
+            weights = [(conv, packed.conv2d_weight(conv, [1, conv.in_channels, 64, 64]), post) for conv, post in convs]
+            return weights, packed.channels_last_columns(self.linear, convs[-1][0].out_channels, PackedLinear)
 
         sources = [t for m in (*(conv for conv, _ in convs), self.linear) for t in (m.weight, m.bias)]
         return derived(self, "packed_subsampling", sources, build)
