@@ -191,13 +191,20 @@ def _assert_exact_logprobs(plain, screened, gaps, min_gap):
     assert worst > min_gap, f"the approximate normalizer is as close ({worst:.2e}): the check has no teeth"
 
 
-@pytest.mark.parametrize("timestamps", [True, False])
-def test_tiny_random_screened_greedy_logprobs_are_exact(tiny, chirp_features, normalizer_gaps, timestamps):
+def _tiny_chirp_window(tiny, chirp_features, timestamps):
+    """The tiny random model, its generation config, an English transcribe prompt (with or without timestamp
+    tokens) and the cross-attention K/V of the chirp clips' windows."""
     model, gen = tiny.model, tiny.config.generation
     prompt = [gen.sot_id, 50259, gen.transcribe_id] + ([] if timestamps else [gen.no_timestamps_id])
     with torch.no_grad():
         enc, _ = model.encode_offline(chirp_features.transpose(1, 2))
-        cross = model.decoder.cross_kv(enc)
+        return model, gen, prompt, model.decoder.cross_kv(enc)
+
+
+@pytest.mark.parametrize("timestamps", [True, False])
+def test_tiny_random_screened_greedy_logprobs_are_exact(tiny, chirp_features, normalizer_gaps, timestamps):
+    model, gen, prompt, cross = _tiny_chirp_window(tiny, chirp_features, timestamps)
+    with torch.no_grad():
         plain, screened = _search_both(model, cross, _tasks(prompt, timestamps, cross[0][0].shape[0]), gen)
     assert sum(len(r.tokens) for r in plain) >= 20 * len(plain)
     _assert_exact_logprobs(plain, screened, normalizer_gaps, 1e-5)
@@ -205,11 +212,8 @@ def test_tiny_random_screened_greedy_logprobs_are_exact(tiny, chirp_features, no
 
 @pytest.mark.parametrize("timestamps", [True, False])
 def test_tiny_random_screened_greedy_equals_plain(tiny, chirp_features, count_resolves, timestamps):
-    model, gen = tiny.model, tiny.config.generation
-    prompt = [gen.sot_id, 50259, gen.transcribe_id] + ([] if timestamps else [gen.no_timestamps_id])
+    model, gen, prompt, cross = _tiny_chirp_window(tiny, chirp_features, timestamps)
     with torch.no_grad():
-        enc, _ = model.encode_offline(chirp_features.transpose(1, 2))
-        cross = model.decoder.cross_kv(enc)
         for rows in (slice(0, 1), slice(0, 6)):  # one row (a matrix-vector product) and a batch
             part = ([k[rows] for k in cross[0]], [v[rows] for v in cross[1]])
             tasks = _tasks(prompt, timestamps, part[0][0].shape[0])
