@@ -16,7 +16,9 @@ Usage: ``python benchmarks/whisper.py [--repeats 2] [--long-seconds 120] [--skip
 ``--sensitivity`` instead prints int8 token agreement with one group of linears quantized at a time;
 ``--steps N`` the CPU time of one incremental decoder step at one row, OASR vs CTranslate2, and the split of
 OASR's greedy token by category (vocabulary product, rescoring, step linears, attention products, ...);
-``--screen-ab`` adds OASR fp32 with the (opt-in) int8-screened vocabulary projection on.
+``--screen-ab`` adds OASR fp32 with the (opt-in) int8-screened vocabulary projection on; ``--rows-ab`` adds OASR
+fp32 and int8 greedy with the few-row decoder paths off (no ``row_linear`` kernel, the vocabulary projection of a
+batched step on MKL's GEMM: the code before them), alternating with the rest.
 """
 
 from __future__ import annotations
@@ -255,9 +257,11 @@ def _oasr_loop_ms(decoder, cross, gen, prompt: list[int], steps: int) -> tuple[f
 
 
 #: categories of a decoder token's CPU time: (name, where the op runs, aten op names); the first match wins
-_SPLIT = (("vocabulary product", "vocabulary", ("quantized::linear_dynamic", "aten::mm", "aten::addmm", "aten::mv")),
+_SPLIT = (("vocabulary product", "vocabulary", ("quantized::linear_dynamic", "aten::mm", "aten::addmm", "aten::mv",
+                                                "row_linear")),
           ("rescoring", "vocabulary", None),
-          ("step linears", None, ("aten::addmm", "aten::mm", "quantized::linear_dynamic", "mkldnn::_linear_pointwise")),
+          ("step linears", None, ("aten::addmm", "aten::mm", "quantized::linear_dynamic", "mkldnn::_linear_pointwise",
+                                  "row_linear")),
           ("cross-attention products", "cross", ("aten::bmm", "aten::mm")),
           ("self-attention products", None, ("aten::bmm",)),
           ("norms / GELU / softmax", None, ("aten::native_layer_norm", "aten::gelu", "aten::_softmax")))
@@ -268,7 +272,14 @@ def _step_split(decoder, cross, gen, prompt: list[int], steps: int) -> str:
     "other ops" = every other aten op, "Python and dispatch" = the loop's time outside aten ops)."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
+    from oasr.layers import _backend
+
     logits, cross_fn = decoder.logits, decoder._cross
+    row_kernel = _backend.kernel("row_linear")  # numba, outside aten: labelled so the profiler sees it
+
+    def labelled_rows(*args):
+        with record_function("row_linear"):
+            return row_kernel(*args)
 
     def labelled(hidden):
         with record_function("vocabulary"):
@@ -279,11 +290,15 @@ def _step_split(decoder, cross, gen, prompt: list[int], steps: int) -> str:
             return cross_fn(*args, **kwargs)
 
     decoder.logits, decoder._cross = labelled, labelled_cross
+    if row_kernel is not None:
+        _backend._cache["row_linear"] = labelled_rows
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof, record_function("loop"):
             _oasr_loop_ms(decoder, cross, gen, prompt, steps)
     finally:
         del decoder.logits, decoder._cross
+        if row_kernel is not None:
+            _backend._cache["row_linear"] = row_kernel
     shares = dict.fromkeys([name for name, _, _ in _SPLIT] + ["other ops"], 0.0)
     spent = 0.0
     for event in prof.events():
@@ -359,6 +374,28 @@ def decoder_steps(model_dir: str, audio, steps: int, rounds: int) -> None:
               f"generate {peer:.2f} ms; CTranslate2 / OASR loop {peer / loop:.2f}x, / screened {peer / screened:.2f}x")
 
 
+class _WithoutRowPaths:
+    """An :class:`Oasr` run with the few-row decoder paths off: the ``row_linear`` kernel slot empty and the
+    batched vocabulary projection on ``F.linear`` (what the decoder ran before them)."""
+
+    def __init__(self, system: Oasr):
+        self.system = system
+
+    def __getattr__(self, name):
+        return getattr(self.system, name)
+
+    def run(self, clips) -> list[str]:
+        from oasr.layers import _backend
+        from oasr_models_hf.whisper import model as whisper_model
+
+        saved = _backend._cache.get("row_linear", _backend.kernel("row_linear")), whisper_model._ROW_VOCAB_MAX
+        _backend._cache["row_linear"], whisper_model._ROW_VOCAB_MAX = None, 1 << 30
+        try:
+            return self.system.run(clips)
+        finally:
+            _backend._cache["row_linear"], whisper_model._ROW_VOCAB_MAX = saved
+
+
 def _screened(system: Oasr) -> Oasr:
     system.strategy.ctx.model.decoder.screen_vocabulary = True  # the int8 screen with exact log-probabilities
     return system
@@ -374,6 +411,8 @@ def main() -> None:
                         help="instead: CPU ms per decoder step at one row (OASR vs CTranslate2) over this many steps")
     parser.add_argument("--int8-ab", action="store_true",
                         help="also OASR int8 greedy with its encoder layers on the reference int8 ops")
+    parser.add_argument("--rows-ab", action="store_true",
+                        help="also OASR fp32 / int8 greedy with the few-row decoder paths off (before/after)")
     parser.add_argument("--screen-ab", action="store_true",
                         help="also OASR fp32 with the int8-screened vocabulary projection on")
     parser.add_argument("--sensitivity", action="store_true",
@@ -401,6 +440,10 @@ def main() -> None:
                 lambda p=precision, m=mode: FasterWhisper(model_dir, "int8" if p == "int8" else "float32", m))
     if args.int8_ab:
         factories["oasr int8 greedy reference-encoder"] = lambda: Oasr(model_dir, True, "greedy", 16, False)
+    if args.rows_ab:
+        for precision in ("fp32", "int8"):
+            factories[f"oasr {precision} greedy without-row-paths"] = (
+                lambda q=precision == "int8": _WithoutRowPaths(Oasr(model_dir, q, "greedy", 16)))
     if args.screen_ab:
         for mode in ("greedy", "defaults"):
             factories[f"oasr fp32 {mode} screened"] = lambda m=mode: _screened(Oasr(model_dir, False, m, 16))

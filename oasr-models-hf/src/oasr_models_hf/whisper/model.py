@@ -41,7 +41,10 @@ from oasr.layers import (
     packed,
     split_heads,
 )
+from oasr.layers._backend import kernel
 from oasr.layers.derived import derived, row_major
+from oasr.layers import rows as row_kernel
+from oasr.layers.rows import few_rows, row_linear, row_product
 from oasr.models.base import BaseAsrModel
 from oasr.models.specs import LoadReport, QuantLayout, SmoothGroup
 from oasr_models_hf.whisper.config import WhisperConfig
@@ -56,6 +59,9 @@ _STACK_QKV_MAX = 3 * 512 * 512
 #: the fewest rows a decoder layer runs its linears prepacked at: at one row MKL's matrix-vector
 #: product beats oneDNN's (17 vs 25-30 µs per 384 x 384 call, hot, one thread)
 _PACKED_MIN_ROWS = 2
+#: the most rows a vocabulary projection takes the ``row_linear`` kernel at (2.7x MKL's GEMM at 8 rows on the
+#: 51,864 x 384 table, one AVX-512 thread; the step's other linears take it up to ``rows.MAX_ROWS``)
+_ROW_VOCAB_MAX = 8
 
 
 class WhisperDecoderLayer(nn.Module):
@@ -157,8 +163,15 @@ class WhisperDecoder(nn.Module):
         normalizer) keep the int8 GEMM's speed.
         """
         if self.proj_out._int8 is None:
+            out = row_product(hidden, self.proj_out.weight, max_rows=_ROW_VOCAB_MAX)
+            if out is not None:  # a few rows: the row kernel over the (V, D) table itself
+                return out
             if hidden.device.type == "cpu" and hidden.numel() == hidden.shape[-1]:
-                return hidden @ self._table_t()  # one row: a matrix-vector product
+                return hidden @ self._table_t()  # one row without the kernel: a matrix-vector product
+            if packed.fusable((self.proj_out,), hidden, min_rows=_ROW_VOCAB_MAX):
+                # a batched step's rows (padded to a power of two) or a prefill's: the prepacked GEMM,
+                # 2x MKL's on the 51,864 x 384 table at 16 rows (one AVX-512 thread)
+                return packed.blocked(lambda rows: packed.linear(self.proj_out, rows, min_rows=1), hidden, few=True)
             return self.proj_out(hidden)
         logits = self.proj_out(hidden)
         if not RESCORED_TOP or not self._tied_fp_table():
@@ -227,17 +240,33 @@ class WhisperDecoder(nn.Module):
         return (packed.fusable(linears, x, min_rows=_PACKED_MIN_ROWS)
                 and sum(p.weight.numel() for p in linears[:3]) <= _STACK_QKV_MAX)
 
+    def _row_limit(self) -> int:
+        """The most rows a step takes the row kernel at: ``rows.MAX_INT8_ROWS`` when every step linear is int8
+        (weight-only there, faster than fbgemm up to that), else ``rows.MAX_ROWS``."""
+        layer = self.layers[0]
+        sa, ca = layer.self_attn, layer.encoder_attn
+        linears = [getattr(sa, name) for name in sa.names] + [getattr(ca, ca.names[0]), getattr(ca, ca.names[3]),
+                                                              layer.fc1, layer.fc2]
+        return row_kernel.MAX_INT8_ROWS if all(lin._int8 is not None for lin in linears) else row_kernel.MAX_ROWS
+
     @staticmethod
-    def _project_add(proj: Linear, merged: torch.Tensor, x: torch.Tensor, norm: LayerNorm, fast: bool
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(norm(x + proj(merged)), x + proj(merged))``, the add fused into the GEMM when ``fast``."""
+    def _project_add(proj: Linear, merged: torch.Tensor, x: torch.Tensor, norm: LayerNorm, fast: bool,
+                     rowwise: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(x + proj(merged)), x + proj(merged))``, the add fused into the GEMM when ``fast`` or
+        ``rowwise`` (a few rows: the ``row_linear`` kernel)."""
+        if rowwise:
+            x = row_linear(proj, merged, x)
+            return norm(x), x
         if not fast:
             return norm.add_forward(proj(merged), x)
         x = packed.blocked(lambda rows, res: packed.linear_add(proj, rows, res, min_rows=1), merged, x, few=True)
         return norm(x), x
 
     @staticmethod
-    def _mlp_add(layer: WhisperDecoderLayer, h: torch.Tensor, x: torch.Tensor, fast: bool) -> torch.Tensor:
+    def _mlp_add(layer: WhisperDecoderLayer, h: torch.Tensor, x: torch.Tensor, fast: bool, rowwise: bool = False
+                 ) -> torch.Tensor:
+        if rowwise:
+            return row_linear(layer.fc2, row_linear(layer.fc1, h), x)
         if not fast:
             return x + layer.fc2(layer.fc1(h))
 
@@ -247,7 +276,7 @@ class WhisperDecoder(nn.Module):
 
         return packed.blocked(mlp, h, x, few=True)
 
-    def _self_qkv(self, sa: MultiHeadAttention, h: torch.Tensor, fast: bool = False
+    def _self_qkv(self, sa: MultiHeadAttention, h: torch.Tensor, fast: bool = False, rowwise: bool = False
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Self-attention q, k, v (B, H, L, Dh) of ``h``: one GEMM over the three floating-point
         projections stacked (prepacked when ``fast``), or three calls when any of them is int8 or the
@@ -263,10 +292,15 @@ class WhisperDecoder(nn.Module):
             return tuple(split_heads(t, self.n_heads) for t in qkv.chunk(3, dim=-1))
         if (any(p._int8 is not None for p in projections)
                 or sum(p.weight.numel() for p in projections) > _STACK_QKV_MAX):
+            if rowwise:
+                return tuple(split_heads(row_linear(p, h), self.n_heads) for p in projections)
             return sa.project(h, 0), sa.project(h, 1), sa.project(h, 2)
         weight, bias = self._stacked(sa, projections)
         b, length, d = h.shape
-        qkv = F.linear(h, weight, bias).view(b, length, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        qkv = row_product(h, weight, bias)
+        if qkv is None:
+            qkv = F.linear(h, weight, bias)
+        qkv = qkv.view(b, length, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         return qkv[0], qkv[1], qkv[2]
 
     @staticmethod
@@ -283,12 +317,14 @@ class WhisperDecoder(nn.Module):
     # fused attention kernel there, whose blocking is made for long query runs.
     def _cross(self, layer: WhisperDecoderLayer, i: int, h: torch.Tensor, state: WhisperDecoderState,
                capture: list[int] | None, max_frames: int | None, captured: list[torch.Tensor],
-               fast: bool = False) -> torch.Tensor:
+               fast: bool = False, rowwise: bool = False) -> torch.Tensor:
         """Cross-attention of queries from ``h`` (B, L, D), heads merged (B, L, D) before ``out_proj``."""
         attn = layer.encoder_attn
         if fast:
             q = split_heads(packed.blocked(lambda rows: packed.linear(getattr(attn, attn.names[0]), rows, min_rows=1),
                                            h, few=True), attn.n_heads)
+        elif rowwise:
+            q = split_heads(row_linear(getattr(attn, attn.names[0]), h), attn.n_heads)
         else:
             q = attn.project(h, 0)  # (B, H, L, Dh)
         k_t, v = state.cross_k[i], state.cross_v[i]
@@ -322,11 +358,13 @@ class WhisperDecoder(nn.Module):
             span = (state.uniform_length if state.uniform_length is not None else int(write_pos.max())) + 1
             key_mask = None if state.uniform_length is not None else \
                 (torch.arange(span, device=x.device)[None, :] > write_pos[:, None])[:, None, None, :]
+        # a step of a few rows: its linears through the row kernel (more rows when they are all int8)
+        rowwise = write_pos is not None and kernel("row_linear") is not None and few_rows(x, self._row_limit())
         for i, layer in enumerate(self.layers):
             sa, ca = layer.self_attn, layer.encoder_attn
-            fast = self._packed_layer(layer, x)
+            fast = not rowwise and self._packed_layer(layer, x)
             h = layer.self_attn_layer_norm(x)
-            q, k, v = self._self_qkv(sa, h, fast)
+            q, k, v = self._self_qkv(sa, h, fast, rowwise)
             kbuf, vbuf = state.self_k[i], state.self_v[i]
             if write_pos is None:
                 length = q.shape[2]
@@ -345,11 +383,12 @@ class WhisperDecoder(nn.Module):
                 if key_mask is not None:
                     scores = scores.masked_fill(key_mask, float("-inf"))
                 out = torch.matmul(scores.softmax(dim=-1), vbuf[:, :, :span])
-            h, x = self._project_add(getattr(sa, sa.names[3]), merge_heads(out), x, layer.encoder_attn_layer_norm, fast)
+            h, x = self._project_add(getattr(sa, sa.names[3]), merge_heads(out), x, layer.encoder_attn_layer_norm, fast,
+                                     rowwise)
             layer_capture = None if capture is None else capture.get(i)
-            cross = self._cross(layer, i, h, state, layer_capture, max_frames, captured, fast)
-            h, x = self._project_add(getattr(ca, ca.names[3]), cross, x, layer.final_layer_norm, fast)
-            x = self._mlp_add(layer, h, x, fast)
+            cross = self._cross(layer, i, h, state, layer_capture, max_frames, captured, fast, rowwise)
+            h, x = self._project_add(getattr(ca, ca.names[3]), cross, x, layer.final_layer_norm, fast, rowwise)
+            x = self._mlp_add(layer, h, x, fast, rowwise)
         return self.layer_norm(x)
 
     def _new_state(self, enc_out: torch.Tensor | tuple[list[torch.Tensor], list[torch.Tensor]], batch: int,

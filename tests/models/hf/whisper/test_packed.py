@@ -1,6 +1,6 @@
 """Whisper on the prepacked GEMM path (oasr.layers.packed): the same function as the reference ops and as
-transformers, taken where it should be (encoder, cross-attention K/V, decoder steps of 2+ rows) and not
-where it should not (int8 linears, one-row steps, OASR_KERNELS=0)."""
+transformers, taken where it should be (encoder, cross-attention K/V, decoder steps of more rows than the row kernel takes) and
+not where it should not (int8 linears, steps of a few rows: the row kernel, OASR_KERNELS=0)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from oasr.layers import Conv1d, Linear, packed
+from oasr.layers import Conv1d, Linear, _backend, packed, rows
 
 TOKENS = [[50258, 50259, 50359, 50363, 100, 2000, 300, 7], [50258, 50259, 50359, 50363, 5, 60, 700, 8000]]
 
@@ -32,6 +32,21 @@ def packed_calls(monkeypatch):
         return real(linears, scale)
 
     monkeypatch.setattr(packed, "_packed", spy)
+    return calls
+
+
+@pytest.fixture
+def row_calls(monkeypatch):
+    """The weight shapes each call of the ``row_linear`` kernel ran."""
+    calls: list[tuple[int, ...]] = []
+    real = _backend.kernel("row_linear")
+    assert real is not None, "oasr-kernels registers row_linear"
+
+    def spy(x, weight, *args):
+        calls.append(tuple(weight.shape))
+        return real(x, weight, *args)
+
+    monkeypatch.setitem(_backend._cache, "row_linear", spy)
     return calls
 
 
@@ -116,24 +131,37 @@ def test_cross_kv_packed_equals_the_projections(tiny, packed_calls):
     assert ks[0].is_contiguous() and vs[0].is_contiguous()
 
 
-def test_decoder_steps_packed_from_two_rows_equal_transformers(tiny, hf_model, mel, packed_calls, monkeypatch):
-    """Teacher-forced one step at a time over 2 rows (packed) and 1 row (reference) against transformers."""
+@pytest.mark.parametrize("row_kernel_max", [rows.MAX_ROWS, 1])
+def test_decoder_steps_packed_or_row_kernel_equal_transformers(tiny, hf_model, mel, packed_calls, row_calls,
+                                                               monkeypatch, row_kernel_max):
+    """Teacher-forced one step at a time over 2 rows and 1 row against transformers: steps of up to
+    ``rows.MAX_ROWS`` rows take the row kernel (every step linear and the vocabulary projection), more rows
+    the packed GEMMs (here: 2 rows with the kernel capped at 1)."""
+    monkeypatch.setattr(rows, "MAX_ROWS", row_kernel_max)
     model = tiny.model
     tokens = torch.tensor(TOKENS)
+    d, ffn = model.decoder.layers[0].fc1.in_features, model.decoder.layers[0].fc1.out_features
     with torch.no_grad():
         ref = hf_model(input_features=mel, decoder_input_ids=tokens).logits
         enc, _ = model.encode_offline(mel.transpose(1, 2))
-        for rows in (2, 1):
-            packed_calls.clear()
-            state, hidden = model.decoder.prefill(enc[:rows], tokens[:rows, :3])
+        for n in (2, 1):
+            state, hidden = model.decoder.prefill(enc[:n], tokens[:n, :3])
             steps = [model.decoder.logits(hidden[:, -1])]
             for j in range(3, tokens.shape[1] - 1):
                 if j == 4:
                     packed_calls.clear()
-                steps.append(model.decoder.step(state, tokens[:rows, j]))
+                    row_calls.clear()
+                steps.append(model.decoder.step(state, tokens[:n, j]))
             fc1 = model.decoder.layers[0].fc1
-            assert ((fc1,) in packed_calls) == (rows == 2)
-            _close(torch.stack(steps, 1), ref[:rows, 2:-1])
+            kernel_rows = n <= row_kernel_max
+            assert ((fc1,) in packed_calls) == (not kernel_rows)
+            # per step and layer: stacked q/k/v, out, cross q, cross out, fc1, fc2; per step the vocabulary
+            # projection (up to 8 rows: in both cases)
+            timed = tokens.shape[1] - 5
+            assert ({(3 * d, d), (d, d), (ffn, d), (d, ffn)} <= set(row_calls)) == kernel_rows
+            assert row_calls.count(tuple(model.decoder.proj_out.weight.shape)) == timed
+            assert len(row_calls) == timed * (1 + 6 * len(model.decoder.layers) * kernel_rows)
+            _close(torch.stack(steps, 1), ref[:n, 2:-1])
         monkeypatch.setenv("OASR_KERNELS", "0")
         packed_calls.clear()
         state, _ = model.decoder.prefill(enc, tokens[:, :3])
