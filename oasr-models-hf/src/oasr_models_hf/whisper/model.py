@@ -41,9 +41,9 @@ from oasr.layers import (
     packed,
     split_heads,
 )
+from oasr.layers import rows as row_kernel
 from oasr.layers._backend import kernel
 from oasr.layers.derived import derived, row_major
-from oasr.layers import rows as row_kernel
 from oasr.layers.rows import few_rows, row_linear, row_product
 from oasr.models.base import BaseAsrModel
 from oasr.models.specs import LoadReport, QuantLayout, SmoothGroup
