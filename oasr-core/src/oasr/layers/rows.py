@@ -50,15 +50,11 @@ def row_linear(linear: Linear, x: torch.Tensor, residual: torch.Tensor | None = 
     if fn is None:
         out = linear(x)
         return out if residual is None else out + residual
-    shape = (*x.shape[:-1], linear.out_features)
-    rows = x.reshape(-1, x.shape[-1]).contiguous()
-    bias = None if linear.bias is None else linear.bias.detach()
     scale = linear.weight_scale if int8 else None
     if isinstance(linear, LinearActivation):
-        out = linear._act(fn(rows, weight.detach(), bias, None, scale)).view(shape)
+        out = linear._act(_run(fn, x, weight, linear.bias, None, scale))
         return out if residual is None else out + residual
-    res = None if residual is None else residual.reshape(-1, linear.out_features).contiguous()
-    return fn(rows, weight.detach(), bias, res, scale).view(shape)
+    return _run(fn, x, weight, linear.bias, residual, scale)
 
 
 def row_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -68,10 +64,17 @@ def row_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if not (weight.dtype == torch.float32 and weight.is_cpu and weight.is_contiguous() and few_rows(x, max_rows)):
         return None
     fn = kernel("row_linear")
-    if fn is None:
-        return None
+    return None if fn is None else _run(fn, x, weight, bias)
+
+
+def _run(fn, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None = None,
+         scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The kernel ``fn`` over ``x`` (…, in) flattened to contiguous rows; the output (…, out)."""
+    out_features = weight.shape[0]
     rows = x.reshape(-1, x.shape[-1]).contiguous()
-    return fn(rows, weight.detach(), None if bias is None else bias.detach()).view(*x.shape[:-1], weight.shape[0])
+    res = None if residual is None else residual.reshape(-1, out_features).contiguous()
+    out = fn(rows, weight.detach(), None if bias is None else bias.detach(), res, scale)
+    return out.view(*x.shape[:-1], out_features)
 
 
 __all__ = ["MAX_INT8_ROWS", "MAX_ROWS", "few_rows", "row_linear", "row_product"]

@@ -234,20 +234,23 @@ class WhisperDecoder(nn.Module):
         a small decoder (the bound of the stacked q/k/v below: the packed copies cost memory)."""
         if x.numel() // x.shape[-1] < _PACKED_MIN_ROWS:  # a one-row step: decided before the linears' checks
             return False
-        sa, ca = layer.self_attn, layer.encoder_attn
-        linears = [getattr(sa, name) for name in sa.names] + [getattr(ca, ca.names[0]), getattr(ca, ca.names[3]),
-                                                              layer.fc1, layer.fc2]
+        linears = self._step_linears(layer)
         return (packed.fusable(linears, x, min_rows=_PACKED_MIN_ROWS)
                 and sum(p.weight.numel() for p in linears[:3]) <= _STACK_QKV_MAX)
+
+    @staticmethod
+    def _step_linears(layer: WhisperDecoderLayer) -> list[Linear]:
+        """The linears a decode step runs in ``layer``: self-attention q/k/v/out, cross-attention q/out, fc1, fc2
+        (the cross-attention k/v run once per window, in :meth:`cross_kv`)."""
+        sa, ca = layer.self_attn, layer.encoder_attn
+        return [getattr(sa, name) for name in sa.names] + [getattr(ca, ca.names[0]), getattr(ca, ca.names[3]),
+                                                           layer.fc1, layer.fc2]
 
     def _row_limit(self) -> int:
         """The most rows a step takes the row kernel at: ``rows.MAX_INT8_ROWS`` when every step linear is int8
         (weight-only there, faster than fbgemm up to that), else ``rows.MAX_ROWS``."""
-        layer = self.layers[0]
-        sa, ca = layer.self_attn, layer.encoder_attn
-        linears = [getattr(sa, name) for name in sa.names] + [getattr(ca, ca.names[0]), getattr(ca, ca.names[3]),
-                                                              layer.fc1, layer.fc2]
-        return row_kernel.MAX_INT8_ROWS if all(lin._int8 is not None for lin in linears) else row_kernel.MAX_ROWS
+        int8 = all(lin._int8 is not None for lin in self._step_linears(self.layers[0]))
+        return row_kernel.MAX_INT8_ROWS if int8 else row_kernel.MAX_ROWS
 
     @staticmethod
     def _project_add(proj: Linear, merged: torch.Tensor, x: torch.Tensor, norm: LayerNorm, fast: bool,
