@@ -25,3 +25,20 @@ def fixtures_dir() -> Path:
     if not FIXTURES.is_dir():
         pytest.fail(f"reference fixtures not found at {FIXTURES} (expected ../shared/fixtures beside the repo)")
     return FIXTURES
+
+
+@pytest.fixture
+def row_kernel_calls(monkeypatch):
+    """The (rows, weight shape, int8?) of each call the ``row_linear`` kernel (oasr-kernels) ran."""
+    from oasr.layers import _backend
+
+    calls: list[tuple[int, tuple[int, ...], bool]] = []
+    real = _backend.kernel("row_linear")
+    assert real is not None, "oasr-kernels registers row_linear"
+
+    def spy(x, weight, bias=None, residual=None, scale=None):
+        calls.append((x.shape[0], tuple(weight.shape), scale is not None))
+        return real(x, weight, bias, residual, scale)
+
+    monkeypatch.setitem(_backend._cache, "row_linear", spy)
+    return calls

@@ -8,23 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from oasr.layers import Linear, LinearActivation, _backend, rows
+from oasr.layers import Linear, LinearActivation, rows
 from oasr.layers.quant import quantize_model_int8
-
-
-@pytest.fixture
-def kernel_calls(monkeypatch):
-    """The (rows, weight shape, int8?) of each call the ``row_linear`` kernel ran."""
-    calls: list[tuple[int, tuple[int, ...], bool]] = []
-    real = _backend.kernel("row_linear")
-    assert real is not None, "oasr-kernels registers row_linear"
-
-    def spy(x, weight, bias=None, residual=None, scale=None):
-        calls.append((x.shape[0], tuple(weight.shape), scale is not None))
-        return real(x, weight, bias, residual, scale)
-
-    monkeypatch.setitem(_backend._cache, "row_linear", spy)
-    return calls
 
 
 def _linear(n_in: int, n_out: int, bias: bool = True, activation: str | None = None, seed: int = 0) -> Linear:
@@ -35,7 +20,7 @@ def _linear(n_in: int, n_out: int, bias: bool = True, activation: str | None = N
 @pytest.mark.parametrize("n_rows", [1, 2, rows.MAX_ROWS])
 @pytest.mark.parametrize("n_in,n_out", [(384, 384), (64, 1536), (1536, 72), (7, 5)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_float32_rows_equal_f_linear(kernel_calls, n_rows, n_in, n_out, bias):
+def test_float32_rows_equal_f_linear(row_kernel_calls, n_rows, n_in, n_out, bias):
     lin = _linear(n_in, n_out, bias)
     x = torch.randn(n_rows, n_in)
     residual = torch.randn(n_rows, n_out)
@@ -43,24 +28,24 @@ def test_float32_rows_equal_f_linear(kernel_calls, n_rows, n_in, n_out, bias):
         got = rows.row_linear(lin, x)
         got_res = rows.row_linear(lin, x, residual)
         ref = F.linear(x, lin.weight, lin.bias)
-    assert kernel_calls == [(n_rows, (n_out, n_in), False)] * 2
+    assert row_kernel_calls == [(n_rows, (n_out, n_in), False)] * 2
     tol = 1e-5 * float(ref.abs().max()) + 1e-6
     assert (got - ref).abs().max() <= tol
     assert (got_res - (ref + residual)).abs().max() <= tol + 1e-5 * float(residual.abs().max())
 
 
-def test_activation_and_leading_dims(kernel_calls):
+def test_activation_and_leading_dims(row_kernel_calls):
     lin = _linear(32, 48, activation="gelu")
     x = torch.randn(2, 1, 32)
     residual = torch.randn(2, 1, 48)
     with torch.inference_mode():
         got = rows.row_linear(lin, x, residual)
         ref = F.gelu(F.linear(x, lin.weight, lin.bias)) + residual
-    assert got.shape == (2, 1, 48) and kernel_calls == [(2, (48, 32), False)]
+    assert got.shape == (2, 1, 48) and row_kernel_calls == [(2, (48, 32), False)]
     assert (got - ref).abs().max() <= 1e-5 * float(ref.abs().max())
 
 
-def test_int8_rows_are_weight_only(kernel_calls):
+def test_int8_rows_are_weight_only(row_kernel_calls):
     """An int8 linear at a few rows: its int8 weights times their scales against the float32 activations, exactly
     (what fbgemm's dynamic GEMM approximates further by rounding the activations to 8 bits)."""
     lin = _linear(384, 1536)
@@ -71,14 +56,14 @@ def test_int8_rows_are_weight_only(kernel_calls):
         fbgemm = lin(x)
         with torch.inference_mode():
             got = rows.row_linear(lin, x)
-    assert kernel_calls == [(rows.MAX_INT8_ROWS, (1536, 384), True)]
+    assert row_kernel_calls == [(rows.MAX_INT8_ROWS, (1536, 384), True)]
     dequantized = F.linear(x, lin.weight.float() * lin.weight_scale[:, None], lin.bias).detach()
     assert (got - dequantized).abs().max() <= 1e-5 * float(dequantized.abs().max())
     fp32 = F.linear(x, fp32_weight, lin.bias)
     assert (got - fp32).abs().max() < (fbgemm - fp32).abs().max()
 
 
-def test_reference_path_where_the_kernel_does_not_apply(kernel_calls, monkeypatch):
+def test_reference_path_where_the_kernel_does_not_apply(row_kernel_calls, monkeypatch):
     lin = _linear(16, 8)
     x = torch.randn(rows.MAX_ROWS + 1, 16)
     with torch.inference_mode():
@@ -93,17 +78,17 @@ def test_reference_path_where_the_kernel_does_not_apply(kernel_calls, monkeypatc
     monkeypatch.setenv("OASR_KERNELS", "0")
     with torch.inference_mode():
         off = rows.row_linear(lin, x[:1], torch.ones(1, 8))
-    assert kernel_calls == []
+    assert row_kernel_calls == []
     with torch.no_grad():
         assert torch.equal(many, lin(x))
         assert torch.equal(off, lin(x[:1]) + 1)
 
 
-def test_row_product_takes_a_bare_weight(kernel_calls):
+def test_row_product_takes_a_bare_weight(row_kernel_calls):
     weight, bias = torch.randn(10, 6), torch.randn(10)
     x = torch.randn(1, 1, 6)
     with torch.inference_mode():
         got = rows.row_product(x, weight, bias, max_rows=1)
-    assert got.shape == (1, 1, 10) and kernel_calls == [(1, (10, 6), False)]
+    assert got.shape == (1, 1, 10) and row_kernel_calls == [(1, (10, 6), False)]
     ref = F.linear(x, weight, bias)
     assert (got - ref).abs().max() <= 1e-5 * float(ref.abs().max())
