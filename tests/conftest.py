@@ -42,3 +42,23 @@ def row_kernel_calls(monkeypatch):
 
     monkeypatch.setitem(_backend._cache, "row_linear", spy)
     return calls
+
+
+@pytest.fixture
+def fused_step_calls(monkeypatch):
+    """The row count of each call the ``decoder_layer_rows`` kernel (oasr-kernels: one decoder layer per call) ran."""
+    from oasr.layers import _backend
+
+    calls: list[int] = []
+    real = _backend.kernel("decoder_layer_rows")
+    assert real is not None, "oasr-kernels registers decoder_layer_rows"
+
+    class Spy:
+        prepare = staticmethod(real.prepare)
+
+        def __call__(self, x, *args):
+            calls.append(x.shape[0])
+            return real(x, *args)
+
+    monkeypatch.setitem(_backend._cache, "decoder_layer_rows", Spy())
+    return calls

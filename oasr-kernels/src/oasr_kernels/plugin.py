@@ -14,6 +14,7 @@ def oasr_register_kernels(register) -> None:
     """CTC prefix beam search and few-row linears (numba, CPU); the GPU feature chain and searches (numba.cuda)."""
     register("ctc_prefix_beam_search", "oasr_kernels.ctc:ctc_prefix_beam_search")
     register("row_linear", "oasr_kernels.rows:row_linear")
+    register("decoder_layer_rows", "oasr_kernels.decoder_rows:decoder_layer_rows")
     register("ctc_prefix_beam_state", "oasr_kernels.ctc:PrefixBeamState")
     register("stft_mel@cuda", "oasr_kernels.cuda.features:stft_mel")
     register("ctc_greedy_search@cuda", "oasr_kernels.cuda.ctc:ctc_greedy_search")

@@ -252,6 +252,66 @@ class WhisperDecoder(nn.Module):
         int8 = all(lin._int8 is not None for lin in self._step_linears(self.layers[0]))
         return row_kernel.MAX_INT8_ROWS if int8 else row_kernel.MAX_ROWS
 
+    def _fused_step(self, x: torch.Tensor, state: WhisperDecoderState, write_pos: torch.Tensor) -> bool:
+        """A step of at most ``rows.MAX_ROWS`` rows with every layer in one call of the ``decoder_layer_rows`` kernel
+        (norms, linears, both attentions, GELU and the residual adds; ``x`` (B, 1, D) updated in place), where it
+        applies: CPU float32 inference, float32 step linears, q/k/v small enough to stack, contiguous caches.
+        False (nothing done) elsewhere: the op-by-op path runs."""
+        fn = kernel("decoder_layer_rows") if few_rows(x) else None
+        weights = None if fn is None else self._fused_weights(fn)
+        if weights is None:
+            return False
+        k0, v0 = state.self_k[0], state.cross_k[0]
+        if not (k0.dtype == v0.dtype == torch.float32 and x.is_contiguous()):
+            return False
+        caches = (*state.self_k, *state.self_v, *state.cross_k, *state.cross_v)
+        if not all(t.is_contiguous() and t.is_cpu for t in caches):
+            return False
+        rows, entries = x.view(x.shape[0], x.shape[-1]), state.cross_rows.contiguous()
+        positions = write_pos.contiguous()
+        for i, layer_weights in enumerate(weights):
+            fn(rows, positions, entries, layer_weights, state.self_k[i], state.self_v[i], state.cross_k[i],
+               state.cross_v[i])
+        return True
+
+    def _fused_weights(self, fn) -> list | None:
+        """Each layer's arrays for the ``decoder_layer_rows`` kernel ``fn`` (its ``prepare``; kept until a weight
+        changes), or None where the layers do not fit it (an int8 or non-float32 step linear, a non-GELU MLP, q/k/v
+        too large to stack)."""
+        build = fn.prepare
+        sources = [t for layer in self.layers for lin in self._step_linears(layer) for t in (lin.weight, lin.bias)]
+        sources += [t for layer in self.layers for norm in self._norms(layer) for t in (norm.weight, norm.bias)]
+
+        def pair(module) -> tuple[torch.Tensor, torch.Tensor]:
+            weight = module.weight
+            return weight, module.bias if module.bias is not None else weight.new_zeros(weight.shape[0])
+
+        def fits(layer: WhisperDecoderLayer) -> bool:
+            sa = layer.self_attn
+            return (all(lin._int8 is None and lin.weight.dtype == torch.float32 and lin.weight.is_cpu
+                        for lin in self._step_linears(layer)) and layer.fc1.activation == "gelu"
+                    and sum(getattr(sa, n).weight.numel() for n in sa.names[:3]) <= _STACK_QKV_MAX
+                    and all(n.weight is not None for n in self._norms(layer)))
+
+        def arrays() -> list[tuple] | None:
+            if not all(fits(layer) for layer in self.layers):
+                return None
+            out = []
+            for layer in self.layers:
+                sa, ca = layer.self_attn, layer.encoder_attn
+                norms = self._norms(layer)
+                out.append(build(pair(norms[0]), self._stacked(sa, [getattr(sa, n) for n in sa.names[:3]]),
+                                 pair(getattr(sa, sa.names[3])), pair(norms[1]), pair(getattr(ca, ca.names[0])),
+                                 pair(getattr(ca, ca.names[3])), pair(norms[2]), pair(layer.fc1), pair(layer.fc2),
+                                 [n.eps for n in norms]))
+            return out
+
+        return derived(self, "fused_step", sources, arrays, differentiable=False)
+
+    @staticmethod
+    def _norms(layer: WhisperDecoderLayer) -> tuple[LayerNorm, LayerNorm, LayerNorm]:
+        return layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm
+
     @staticmethod
     def _project_add(proj: Linear, merged: torch.Tensor, x: torch.Tensor, norm: LayerNorm, fast: bool,
                      rowwise: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -361,6 +421,8 @@ class WhisperDecoder(nn.Module):
             span = (state.uniform_length if state.uniform_length is not None else int(write_pos.max())) + 1
             key_mask = None if state.uniform_length is not None else \
                 (torch.arange(span, device=x.device)[None, :] > write_pos[:, None])[:, None, None, :]
+        if write_pos is not None and capture is None and self._fused_step(x, state, write_pos):
+            return self.layer_norm(x)
         # a step of a few rows: its linears through the row kernel (more rows when they are all int8)
         rowwise = write_pos is not None and kernel("row_linear") is not None and few_rows(x, self._row_limit())
         for i, layer in enumerate(self.layers):

@@ -1,6 +1,6 @@
 """Whisper on the prepacked GEMM path (oasr.layers.packed): the same function as the reference ops and as
 transformers, taken where it should be (encoder, cross-attention K/V, decoder steps of more rows than the row kernel takes) and
-not where it should not (int8 linears, steps of a few rows: the row kernel, OASR_KERNELS=0)."""
+not where it should not (int8 linears, steps of a few rows: the fused layer kernel or the row kernel, OASR_KERNELS=0)."""
 
 from __future__ import annotations
 
@@ -116,14 +116,22 @@ def test_cross_kv_packed_equals_the_projections(tiny, packed_calls):
     assert ks[0].is_contiguous() and vs[0].is_contiguous()
 
 
-@pytest.mark.parametrize("row_kernel_max", [rows.MAX_ROWS, 1])
-def test_decoder_steps_packed_or_row_kernel_equal_transformers(tiny, hf_model, mel, packed_calls, row_kernel_calls,
-                                                               monkeypatch, row_kernel_max):
-    """Teacher-forced one step at a time over 2 rows and 1 row against transformers: steps of up to
-    ``rows.MAX_ROWS`` rows take the row kernel (every step linear and the vocabulary projection), more rows
-    the packed GEMMs (here: 2 rows with the kernel capped at 1)."""
+@pytest.mark.parametrize("path", ["fused layer", "row kernel", "packed"])
+def test_decoder_steps_fused_row_kernel_or_packed_equal_transformers(tiny, hf_model, mel, packed_calls, row_kernel_calls,
+                                                                     fused_step_calls, monkeypatch, path):
+    """Teacher-forced one step at a time over 2 rows and 1 row against transformers.  Steps of up to
+    ``rows.MAX_ROWS`` rows run each layer as one ``decoder_layer_rows`` kernel call ("fused layer"); without that
+    kernel their step linears take the row kernel ("row kernel"); more rows take the packed GEMMs ("packed": 2 rows
+    with the row kernel capped at 1, and the fused kernel off).  The vocabulary projection takes the row kernel up to
+    8 rows in every case."""
+    from oasr.layers import _backend
+
+    if path != "fused layer":
+        monkeypatch.setitem(_backend._cache, "decoder_layer_rows", None)
+    row_kernel_max = 1 if path == "packed" else rows.MAX_ROWS
     monkeypatch.setattr(rows, "MAX_ROWS", row_kernel_max)
     model = tiny.model
+    layers = len(model.decoder.layers)
     tokens = torch.tensor(TOKENS)
     d, ffn = model.decoder.layers[0].fc1.in_features, model.decoder.layers[0].fc1.out_features
     with torch.no_grad():
@@ -136,23 +144,29 @@ def test_decoder_steps_packed_or_row_kernel_equal_transformers(tiny, hf_model, m
                 if j == 4:
                     packed_calls.clear()
                     row_kernel_calls.clear()
+                    fused_step_calls.clear()
                 steps.append(model.decoder.step(state, tokens[:n, j]))
             fc1 = model.decoder.layers[0].fc1
-            kernel_rows = n <= row_kernel_max
+            few = n <= row_kernel_max
+            fused, kernel_rows = few and path == "fused layer", few and path != "fused layer"
             row_calls = [shape for _, shape, _ in row_kernel_calls]
-            assert ((fc1,) in packed_calls) == (not kernel_rows)
-            # per step and layer: stacked q/k/v, out, cross q, cross out, fc1, fc2; per step the vocabulary
-            # projection (up to 8 rows: in both cases)
             timed = tokens.shape[1] - 5
+            assert ((fc1,) in packed_calls) == (not few)
+            assert fused_step_calls == [n] * (timed * layers if fused else 0)
+            # per step and layer: stacked q/k/v, out, cross q, cross out, fc1, fc2; per step the vocabulary
+            # projection (up to 8 rows: in every case)
             assert ({(3 * d, d), (d, d), (ffn, d), (d, ffn)} <= set(row_calls)) == kernel_rows
             assert row_calls.count(tuple(model.decoder.proj_out.weight.shape)) == timed
-            assert len(row_calls) == timed * (1 + 6 * len(model.decoder.layers) * kernel_rows)
+            assert len(row_calls) == timed * (1 + 6 * layers * kernel_rows)
             _close(torch.stack(steps, 1), ref[:n, 2:-1])
         monkeypatch.setenv("OASR_KERNELS", "0")
         packed_calls.clear()
+        fused_step_calls.clear()
         state, _ = model.decoder.prefill(enc, tokens[:, :3])
         model.decoder.step(state, tokens[:, 3])
-        assert packed_calls == []
+        state, _ = model.decoder.prefill(enc[:1], tokens[:1, :3])
+        model.decoder.step(state, tokens[:1, 3])
+        assert packed_calls == [] and fused_step_calls == []
 
 
 def test_int8_linears_keep_their_path(tiny, mel, packed_calls):

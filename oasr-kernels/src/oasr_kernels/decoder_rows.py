@@ -1,0 +1,193 @@
+"""Numba CPU kernel for one pre-norm Transformer decoder layer over a few rows (kernel slot ``decoder_layer_rows``).
+
+A decode step at one to a few rows is a few dozen small operations per layer: three layer norms, six
+matrix-vector products, two attention products over a key cache and over the encoder's keys, GELU and two
+residual adds.  Run as torch ops each costs its dispatch and a pass over a fresh tensor, so on tiny.en a third
+of a greedy token is overhead (docs/benchmarks.md § Whisper).  This kernel runs the whole layer in one call,
+every intermediate in small scratch rows that stay in L1, and writes the row's key and value into the cache.
+
+The layer (one row ``x`` of the residual stream; Whisper's decoder layer, pre-norm, exact GELU)::
+
+    h = LN1(x);  q, k, v = h @ Wqkv.T + bqkv;  cache[pos] = k, v
+    x += softmax(q . cache_k[:pos + 1] * s) cache_v[:pos + 1] @ Wo.T + bo        (per head; s = head_dim ** -0.5)
+    h = LN2(x);  q = h @ Wcq.T + bcq
+    x += softmax(q . cross_k * s) cross_v @ Wco.T + bco                          (the row's encoder entry)
+    x += gelu(LN3(x) @ W1.T + b1) @ W2.T + b2
+
+Each row has its own cache position (rows of different lengths need no mask) and its own encoder entry (beam
+rows share their request's).  fastmath's reassociation lets LLVM vectorize the dot products, so sums are
+ordered differently from torch's (a few ulps, as any other GEMM shape is); infinities and NaNs keep their
+meaning (no ``nnan`` / ``ninf``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+import torch
+
+_FAST = {"reassoc", "contract", "nsz", "arcp"}
+_OPTS = dict(cache=True, fastmath=_FAST, boundscheck=False, nogil=True)
+
+
+@numba.njit(**_OPTS)
+def _layer_norm(x, w, b, eps, out):  # pragma: no cover - compiled
+    rows, d = x.shape
+    for r in range(rows):
+        mean = np.float32(0.0)
+        for i in range(d):
+            mean += x[r, i]
+        mean /= d
+        var = np.float32(0.0)
+        for i in range(d):
+            c = x[r, i] - mean
+            var += c * c
+        inv = np.float32(1.0) / np.float32(math.sqrt(var / d + eps))
+        for i in range(d):
+            out[r, i] = (x[r, i] - mean) * inv * w[i] + b[i]
+
+
+@numba.njit(**_OPTS)
+def _linear(w, b, x, out, accumulate):  # pragma: no cover - compiled
+    """out = x @ w.T + b (accumulate: out += ...), one weight row at a time against every input row."""
+    rows, n_in = x.shape
+    for o in range(w.shape[0]):
+        for r in range(rows):
+            acc = np.float32(0.0)
+            for i in range(n_in):
+                acc += w[o, i] * x[r, i]
+            if accumulate:
+                out[r, o] += acc + b[o]
+            else:
+                out[r, o] = acc + b[o]
+
+
+@numba.njit(**_OPTS)
+def _softmax_weights(s, n):  # pragma: no cover - compiled
+    """s[:n] = exp(s[:n] - max); returns their sum."""
+    top = s[0]
+    for t in range(1, n):
+        top = max(top, s[t])
+    total = np.float32(0.0)
+    for t in range(n):
+        e = np.float32(math.exp(s[t] - top))
+        s[t] = e
+        total += e
+    return total
+
+
+@numba.njit(**_OPTS)
+def _layer(x, pos, entry, ln1_w, ln1_b, qkv_w, qkv_b, self_k, self_v, o_w, o_b, ln2_w, ln2_b, cq_w, cq_b, cross_k,
+           cross_v, co_w, co_b, ln3_w, ln3_b, fc1_w, fc1_b, fc2_w, fc2_b, eps):  # pragma: no cover - compiled
+    rows, d = x.shape
+    heads, dh = self_k.shape[1], self_k.shape[3]
+    frames = cross_k.shape[3]
+    scale = np.float32(1.0 / math.sqrt(dh))
+    h = np.empty((rows, d), np.float32)
+    qkv = np.empty((rows, 3 * d), np.float32)
+    ctx = np.empty((rows, d), np.float32)
+    acc = np.empty(dh, np.float32)
+    scores = np.empty(max(frames, self_k.shape[2]), np.float32)
+
+    # self-attention over the row's cache, its own key and value written first
+    _layer_norm(x, ln1_w, ln1_b, eps[0], h)
+    _linear(qkv_w, qkv_b, h, qkv, False)
+    for r in range(rows):
+        p = pos[r]
+        for hd in range(heads):
+            base = hd * dh
+            for j in range(dh):
+                self_k[r, hd, p, j] = qkv[r, d + base + j]
+                self_v[r, hd, p, j] = qkv[r, 2 * d + base + j]
+            for t in range(p + 1):
+                s = np.float32(0.0)
+                for j in range(dh):
+                    s += qkv[r, base + j] * self_k[r, hd, t, j]
+                scores[t] = s * scale
+            total = _softmax_weights(scores, p + 1)
+            for j in range(dh):
+                acc[j] = 0.0
+            for t in range(p + 1):
+                wt = scores[t]
+                for j in range(dh):
+                    acc[j] += wt * self_v[r, hd, t, j]
+            for j in range(dh):
+                ctx[r, base + j] = acc[j] / total
+    _linear(o_w, o_b, ctx, x, True)
+
+    # cross-attention over the row's encoder entry (keys stored transposed: (heads, dh, frames))
+    _layer_norm(x, ln2_w, ln2_b, eps[1], h)
+    q = qkv[:, :d]
+    _linear(cq_w, cq_b, h, q, False)
+    for r in range(rows):
+        e = entry[r]
+        for hd in range(heads):
+            base = hd * dh
+            for t in range(frames):
+                scores[t] = 0.0
+            for j in range(dh):
+                qj = q[r, base + j]
+                for t in range(frames):
+                    scores[t] += qj * cross_k[e, hd, j, t]
+            for t in range(frames):
+                scores[t] *= scale
+            total = _softmax_weights(scores, frames)
+            for j in range(dh):
+                acc[j] = 0.0
+            for t in range(frames):
+                wt = scores[t]
+                for j in range(dh):
+                    acc[j] += wt * cross_v[e, hd, t, j]
+            for j in range(dh):
+                ctx[r, base + j] = acc[j] / total
+    _linear(co_w, co_b, ctx, x, True)
+
+    # the MLP: exact GELU between the two linears
+    _layer_norm(x, ln3_w, ln3_b, eps[2], h)
+    hidden = np.empty((rows, fc1_w.shape[0]), np.float32)
+    _linear(fc1_w, fc1_b, h, hidden, False)
+    for r in range(rows):
+        for i in range(hidden.shape[1]):
+            v = hidden[r, i]
+            hidden[r, i] = np.float32(0.5) * v * (np.float32(1.0) + np.float32(math.erf(v * np.float32(0.7071067811865476))))
+    _linear(fc2_w, fc2_b, hidden, x, True)
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().numpy()
+
+
+def _layer_rows(x: torch.Tensor, positions: torch.Tensor, entries: torch.Tensor, weights: tuple,
+                       self_k: torch.Tensor, self_v: torch.Tensor, cross_k: torch.Tensor, cross_v: torch.Tensor) -> None:
+    """One decoder layer over ``x`` (rows, D) float32, updated in place (the residual stream).
+
+    ``positions`` (rows,) int64: each row's cache position (its key and value are written there, attention runs
+    over 0..position); ``entries`` (rows,) int64: each row's encoder entry; ``weights``: the layer's arrays as
+    :func:`layer_weights` returns them; ``self_k`` / ``self_v`` (rows, H, capacity, Dh), ``cross_k`` (N, H, Dh, S)
+    and ``cross_v`` (N, H, S, Dh): contiguous CPU float32 tensors."""
+    w = weights
+    _layer(x.numpy(), positions.numpy(), entries.numpy(), *w[:4], _np(self_k), _np(self_v), *w[4:10], _np(cross_k),
+           _np(cross_v), *w[10:])
+
+
+def layer_weights(ln1, qkv, out, ln2, cross_q, cross_out, ln3, fc1, fc2, eps) -> tuple:
+    """The arrays :func:`decoder_layer_rows` takes for one layer: each layer norm and linear (the q/k/v stacked)
+    as a (weight, bias) pair of float32 tensors (a missing bias as zeros), and the three norms' epsilons."""
+    parts = [t for pair in (ln1, qkv, out, ln2, cross_q, cross_out, ln3, fc1, fc2) for t in pair]
+    arrays = [np.ascontiguousarray(_np(t), dtype=np.float32) for t in parts]
+    return (*arrays, np.asarray(eps, np.float32))
+
+
+class DecoderLayerRows:
+    """The slot's callable: ``kernel(x, positions, entries, weights, self_k, self_v, cross_k, cross_v)`` runs one
+    layer (:func:`_layer_rows`); ``kernel.prepare(...)`` builds a layer's ``weights`` once (:func:`layer_weights`)."""
+
+    __call__ = staticmethod(_layer_rows)
+    prepare = staticmethod(layer_weights)
+
+
+decoder_layer_rows = DecoderLayerRows()
+
+__all__ = ["DecoderLayerRows", "decoder_layer_rows", "layer_weights"]

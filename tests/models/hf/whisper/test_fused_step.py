@@ -1,0 +1,134 @@
+"""The fused decoder step (oasr-kernels' ``decoder_layer_rows``: one call per layer at up to ``rows.MAX_ROWS`` rows)
+against the op-by-op step it replaces: the same logits and the same key/value caches over rows of different lengths,
+beam rows sharing an encoder entry and merged states; and where it must not run (int8 step linears, autograd, more
+rows, ``OASR_KERNELS=0``, a weight changed in place: the next step follows it)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from oasr.layers import _backend, rows
+
+PROMPTS = [[50258, 50259, 50359, 50363, 100, 2000], [50258, 50259, 50359, 50363, 5, 60, 700, 8000, 11], [50258, 50359]]
+STEPS = [[7, 300, 5000, 12, 50, 1000], [8, 9, 10, 11, 12, 13], [400, 401, 402, 403, 404, 405]]
+
+
+@pytest.fixture(scope="module")
+def enc(tiny):
+    torch.manual_seed(5)
+    with torch.no_grad():
+        return tiny.model.encode_offline(torch.randn(3, 3000, 80))[0]
+
+
+def _prompts(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in PROMPTS[:n])
+    tokens = torch.tensor([p + [50257] * (width - len(p)) for p in PROMPTS[:n]])
+    return tokens, torch.tensor([len(p) for p in PROMPTS[:n]])
+
+
+def _run(decoder, enc, n: int, *, beam: int = 1, merged: bool = False):
+    """Logits of every step and the final state, prompts of different lengths (right-padded); ``beam``: each row
+    repeated (rows sharing their encoder entry); ``merged``: the rows prefilled as two states then merged."""
+    tokens, lengths = _prompts(n)
+    if merged:
+        a, _ = decoder.prefill(enc[:1], tokens[:1, :lengths[0]])
+        b, _ = decoder.prefill(enc[1:n], tokens[1:n], lengths[1:n])
+        state = decoder.merge(a, b)
+    else:
+        state, _ = decoder.prefill(enc[:n], tokens, lengths)
+    if beam > 1:
+        state = decoder.select(state, torch.arange(n).repeat_interleave(beam))
+    out = []
+    for j in range(len(STEPS[0])):
+        feed = torch.tensor([STEPS[r][j] for r in range(n)]).repeat_interleave(beam)
+        out.append(decoder.step(state, feed))
+    return torch.stack(out, 1), state
+
+
+def _both(decoder, enc, monkeypatch, fused_step_calls, **kwargs):
+    with torch.no_grad():
+        fused, fused_state = _run(decoder, enc, **kwargs)
+        assert fused_step_calls, "the fused kernel ran"
+        with monkeypatch.context() as m:
+            m.setitem(_backend._cache, "decoder_layer_rows", None)
+            ops, ops_state = _run(decoder, enc, **kwargs)
+    return fused, fused_state, ops, ops_state
+
+
+def _close(got: torch.Tensor, ref: torch.Tensor, rel: float = 2e-5) -> None:
+    assert (got - ref).abs().max() <= rel * ref.abs().max(), (got - ref).abs().max()
+
+
+@pytest.mark.parametrize("case", [dict(n=1), dict(n=3), dict(n=2, beam=2), dict(n=2, merged=True)],
+                         ids=["one row", "three lengths", "beam rows", "merged states"])
+def test_fused_step_equals_the_op_by_op_step(tiny, enc, monkeypatch, fused_step_calls, case):
+    """Same logits and caches at float rounding; each step is one kernel call per layer."""
+    decoder = tiny.model.decoder
+    fused, fused_state, ops, ops_state = _both(decoder, enc, monkeypatch, fused_step_calls, **case)
+    rows_per_step = case["n"] * case.get("beam", 1)
+    assert fused_step_calls == [rows_per_step] * (len(STEPS[0]) * len(decoder.layers))
+    _close(fused, ops)
+    assert torch.equal(fused.argmax(-1), ops.argmax(-1))
+    assert torch.equal(fused_state.lengths, ops_state.lengths)
+    for got, ref in zip(fused_state.self_k + fused_state.self_v, ops_state.self_k + ops_state.self_v, strict=True):
+        _close(got, ref)  # the written positions, and zeros beyond each row's length
+        assert torch.equal(got == 0, ref == 0)
+
+
+def test_fused_step_is_not_taken_where_it_does_not_apply(tiny, enc, monkeypatch, fused_step_calls):
+    decoder = tiny.model.decoder
+    tokens, lengths = _prompts(1)
+
+    def step(model_decoder, n_rows: int = 1, grad: bool = False) -> None:
+        with torch.set_grad_enabled(grad):
+            state, _ = model_decoder.prefill(enc[:1], tokens, lengths,
+                                             rows=torch.zeros(n_rows, dtype=torch.long)) if n_rows > 1 else \
+                model_decoder.prefill(enc[:1], tokens, lengths)
+            model_decoder.step(state, torch.full((n_rows,), 7))
+
+    step(decoder)
+    assert fused_step_calls == [1] * len(decoder.layers)
+    fused_step_calls.clear()
+    step(decoder, grad=True)  # autograd: the op-by-op path
+    assert fused_step_calls == []
+    with torch.no_grad():
+        tokens_wide = tokens.repeat(rows.MAX_ROWS + 1, 1)
+        state, _ = decoder.prefill(enc[:1], tokens_wide, lengths.repeat(rows.MAX_ROWS + 1),
+                                   rows=torch.zeros(rows.MAX_ROWS + 1, dtype=torch.long))
+        decoder.step(state, torch.full((rows.MAX_ROWS + 1,), 7))
+    assert fused_step_calls == []  # more rows than the kernel takes
+    from oasr.layers.quant import quantize_model_int8
+
+    model = copy.deepcopy(tiny.model)
+    quantize_model_int8(model, model.quantization_layout())
+    assert all(lin._int8 is None for lin in model.decoder._step_linears(model.decoder.layers[0])), \
+        "the shipped layout keeps the step linears float32: the int8 model takes the fused step"
+    with torch.no_grad():
+        step(model.decoder)
+    assert fused_step_calls == [1] * len(decoder.layers)
+    fused_step_calls.clear()
+    quantize_model_int8(model.decoder.layers[1], None)  # a layer whose step linears are int8
+    with torch.no_grad():
+        step(model.decoder)
+    assert fused_step_calls == []
+    monkeypatch.setenv("OASR_KERNELS", "0")
+    with torch.no_grad():
+        step(decoder)
+    assert fused_step_calls == []
+
+
+def test_fused_step_follows_a_weight_changed_in_place(tiny, enc, monkeypatch, fused_step_calls):
+    model = copy.deepcopy(tiny.model)
+    decoder = model.decoder
+    with torch.no_grad():
+        _both(decoder, enc, monkeypatch, fused_step_calls, n=1)  # builds the kernel's arrays
+        for lin in (decoder.layers[0].fc2, decoder.layers[1].encoder_attn.q_proj):
+            lin.weight.mul_(1.5)
+        decoder.layers[0].self_attn_layer_norm.bias.add_(0.25)
+        fused, _, ops, _ = _both(decoder, enc, monkeypatch, fused_step_calls, n=1)
+        before, _, _, _ = _both(tiny.model.decoder, enc, monkeypatch, fused_step_calls, n=1)
+    _close(fused, ops)
+    assert (fused - before).abs().max() > 1e-2  # the change reached the kernel
