@@ -97,6 +97,27 @@ def test_bad_quantization_sections_are_refused(model):
         prepare_quantized(model, {"scheme": SCHEME, "layers": ["embed"]})
 
 
+def test_read_bf16_marks_kept_linears_and_round_trips_through_the_section(model):
+    """A layout's ``read_bf16`` names (of its kept linears) are marked for bfloat16 reads, listed in the section and
+    marked again by prepare_quantized; the weights themselves stay float32, and so does the module's forward."""
+    weight = model.keep.weight.detach().clone()
+    section = quantize_model_int8(model, QuantLayout(keep_full_precision=("keep", "down"), read_bf16=("keep",)))
+    assert section["read_bf16"] == ["keep"] and "keep" not in section["layers"]
+    assert model.keep.read_bf16 and not model.down.read_bf16 and not model.up.read_bf16
+    assert model.keep.weight.dtype == torch.float32 and torch.equal(model.keep.weight, weight)
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        assert torch.equal(model.keep(x), torch.nn.functional.linear(x, weight, model.keep.bias))
+    fresh = Tiny().eval()
+    prepare_quantized(fresh, section)
+    assert fresh.keep.read_bf16 and not fresh.down.read_bf16
+    assert "read_bf16" not in quantize_model_int8(Tiny().eval(), QuantLayout(keep_full_precision=("keep",)))
+    with pytest.raises(CheckpointFormatError, match="'up'.*bfloat16"):
+        prepare_quantized(Tiny().eval(), {"scheme": SCHEME, "layers": ["up"], "read_bf16": ["up"]})
+    with pytest.raises(CheckpointFormatError, match="'embed'"):
+        prepare_quantized(Tiny().eval(), {"scheme": SCHEME, "layers": [], "read_bf16": ["embed"]})
+
+
 def test_activation_scales_are_per_row(model):
     """A quiet row next to a loud one keeps its own 8-bit resolution (a per-tensor scale would round the
     quiet row to a few levels): each row's error stays within its own rounding bound."""

@@ -15,9 +15,10 @@ The layer (one row ``x`` of the residual stream; Whisper's decoder layer, pre-no
     x += gelu(LN3(x) @ W1.T + b1) @ W2.T + b2
 
 Each row has its own cache position (rows of different lengths need no mask) and its own encoder entry (beam
-rows share their request's).  fastmath's reassociation lets LLVM vectorize the dot products, so sums are
-ordered differently from torch's (a few ulps, as any other GEMM shape is); infinities and NaNs keep their
-meaning (no ``nnan`` / ``ninf``).
+rows share their request's).  A linear's weight may be given as bfloat16 bits (uint16): it is read at half the
+bytes and widened exactly to float32 in the loop (:func:`layer_weights`; the int8 model's step linears).
+fastmath's reassociation lets LLVM vectorize the dot products, so sums are ordered differently from torch's (a few
+ulps, as any other GEMM shape is); infinities and NaNs keep their meaning (no ``nnan`` / ``ninf``).
 """
 
 from __future__ import annotations
@@ -27,9 +28,38 @@ import math
 import numba
 import numpy as np
 import torch
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic, overload
 
 _FAST = {"reassoc", "contract", "nsz", "arcp"}
 _OPTS = dict(cache=True, fastmath=_FAST, boundscheck=False, nogil=True)
+
+
+@intrinsic
+def _bf16_to_float32(typingctx, bits):  # pragma: no cover - compiled
+    """The float32 a bfloat16 (its 16 bits as uint16) holds: the bits shifted to the top half (LLVM zext, shl,
+    bitcast; exact)."""
+    if bits != types.uint16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        wide = builder.zext(args[0], ir.IntType(32))
+        return builder.bitcast(builder.shl(wide, ir.Constant(ir.IntType(32), 16)), ir.FloatType())
+
+    return types.float32(types.uint16), codegen
+
+
+def _weight(w, o, i):  # pragma: no cover - replaced by the overload below inside compiled code
+    raise NotImplementedError
+
+
+@overload(_weight, inline="always")
+def _weight_impl(w, o, i):
+    """``w[o, i]`` as float32: float32 weights as stored, uint16 ones as the bfloat16 they hold."""
+    if w.dtype == types.uint16:
+        return lambda w, o, i: _bf16_to_float32(w[o, i])
+    return lambda w, o, i: w[o, i]
 
 
 @numba.njit(**_OPTS)
@@ -57,7 +87,7 @@ def _linear(w, b, x, out, accumulate):  # pragma: no cover - compiled
         for r in range(rows):
             acc = np.float32(0.0)
             for i in range(n_in):
-                acc += w[o, i] * x[r, i]
+                acc += _weight(w, o, i) * x[r, i]
             if accumulate:
                 out[r, o] += acc + b[o]
             else:
@@ -127,10 +157,18 @@ def _layer(x, pos, entry, ln1_w, ln1_b, qkv_w, qkv_b, self_k, self_v, o_w, o_b, 
             base = hd * dh
             for t in range(frames):
                 scores[t] = 0.0
-            for j in range(dh):
+            j = 0
+            while j + 4 <= dh:  # four key rows per pass over the scores: four streams, a quarter of the stores
+                q0, q1, q2, q3 = q[r, base + j], q[r, base + j + 1], q[r, base + j + 2], q[r, base + j + 3]
+                for t in range(frames):
+                    scores[t] += (q0 * cross_k[e, hd, j, t] + q1 * cross_k[e, hd, j + 1, t]
+                                  + q2 * cross_k[e, hd, j + 2, t] + q3 * cross_k[e, hd, j + 3, t])
+                j += 4
+            while j < dh:
                 qj = q[r, base + j]
                 for t in range(frames):
                     scores[t] += qj * cross_k[e, hd, j, t]
+                j += 1
             for t in range(frames):
                 scores[t] *= scale
             total = _softmax_weights(scores, frames)
@@ -172,11 +210,22 @@ def _layer_rows(x: torch.Tensor, positions: torch.Tensor, entries: torch.Tensor,
            _np(cross_v), *w[10:])
 
 
-def layer_weights(ln1, qkv, out, ln2, cross_q, cross_out, ln3, fc1, fc2, eps) -> tuple:
+def _bfloat16_bits(t: torch.Tensor) -> np.ndarray:
+    """``t`` rounded to bfloat16 (round to nearest even), its bits as a uint16 array."""
+    return t.detach().to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint16)
+
+
+def layer_weights(ln1, qkv, out, ln2, cross_q, cross_out, ln3, fc1, fc2, eps, bf16=(False,) * 6) -> tuple:
     """The arrays :func:`decoder_layer_rows` takes for one layer: each layer norm and linear (the q/k/v stacked)
-    as a (weight, bias) pair of float32 tensors (a missing bias as zeros), and the three norms' epsilons."""
-    parts = [t for pair in (ln1, qkv, out, ln2, cross_q, cross_out, ln3, fc1, fc2) for t in pair]
-    arrays = [np.ascontiguousarray(_np(t), dtype=np.float32) for t in parts]
+    as a (weight, bias) pair of float32 tensors (a missing bias as zeros), and the three norms' epsilons.
+    ``bf16``: per linear (q/k/v, out, cross q, cross out, fc1, fc2), whether its weight is read as a bfloat16 copy
+    (half the bytes of a bandwidth-bound step; the products still accumulate in float32)."""
+    pairs = (ln1, qkv, out, ln2, cross_q, cross_out, ln3, fc1, fc2)
+    halves = dict(zip((1, 2, 4, 5, 7, 8), bf16, strict=True))
+    arrays = []
+    for k, (weight, bias) in enumerate(pairs):
+        arrays.append(_bfloat16_bits(weight) if halves.get(k) else np.ascontiguousarray(_np(weight), dtype=np.float32))
+        arrays.append(np.ascontiguousarray(_np(bias), dtype=np.float32))
     return (*arrays, np.asarray(eps, np.float32))
 
 

@@ -24,6 +24,9 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self._int8 = None  # set by oasr.layers.quant
+        #: a kernel may read this float32 weight as a bfloat16 copy (set by oasr.layers.quant from a QuantLayout's
+        #: ``read_bf16``; the forward here stays float32)
+        self.read_bf16 = False
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

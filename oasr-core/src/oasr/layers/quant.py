@@ -26,6 +26,7 @@ embedding keeps the floating-point table.
 The ``quantization`` section of a bundle::
 
     {"scheme": "int8_per_channel_dynamic", "layers": ["decoder.layers.0.fc1", ...],
+     "read_bf16": ["decoder.layers.0.fc2", ...],  # optional: float linears a kernel may read at bfloat16
      "provenance": {"tool": "oasr", "version": "..."}}
 
 :func:`prepare_quantized` makes a freshly built model ready to receive such a bundle's state dict.
@@ -187,20 +188,30 @@ def quantize_model_int8(model: nn.Module, layout: Any = None) -> dict[str, Any]:
     """Quantize every waist :class:`Linear` of ``model`` in place; returns the bundle's quantization section.
 
     ``layout`` is the model's :class:`~oasr.models.specs.QuantLayout` (default:
-    ``model.quantization_layout()``); its ``keep_full_precision`` names stay floating point.
+    ``model.quantization_layout()``); its ``keep_full_precision`` names stay floating point, and of those its
+    ``read_bf16`` names are marked ``read_bf16`` (a kernel may read them as a bfloat16 copy).
     """
     if layout is None:
         layout = model.quantization_layout() if hasattr(model, "quantization_layout") else None
     keep = tuple(getattr(layout, "keep_full_precision", ()) or ())
-    names = []
+    halves = tuple(getattr(layout, "read_bf16", ()) or ())
+    names, read_bf16 = [], []
     with torch.no_grad():
         for name, module in model.named_modules():
-            if isinstance(module, Linear) and module._int8 is None and not _kept(name, keep):
+            if not isinstance(module, Linear) or module._int8 is not None:
+                continue
+            if not _kept(name, keep):
                 _int8_storage(module, module.weight)
                 names.append(name)
+            elif _kept(name, halves):
+                module.read_bf16 = True
+                read_bf16.append(name)
     from oasr import __version__
 
-    return {"scheme": SCHEME, "layers": names, "provenance": {"tool": "oasr", "version": __version__}}
+    section = {"scheme": SCHEME, "layers": names, "provenance": {"tool": "oasr", "version": __version__}}
+    if read_bf16:
+        section["read_bf16"] = read_bf16
+    return section
 
 
 def prepare_quantized(model: nn.Module, quant: dict[str, Any]) -> None:
@@ -217,6 +228,13 @@ def prepare_quantized(model: nn.Module, quant: dict[str, Any]) -> None:
                 f"{type(model).__name__}")
         if module._int8 is None:
             _int8_storage(module, None)
+    for name in quant.get("read_bf16", []):
+        module = modules.get(name)
+        if not isinstance(module, Linear) or module._int8 is not None:
+            raise CheckpointFormatError(
+                f"the bundle's quantization section reads {name!r} at bfloat16, which is not a float linear layer of "
+                f"{type(model).__name__}")
+        module.read_bf16 = True
 
 
 def is_quantized(module: nn.Module) -> bool:

@@ -129,10 +129,13 @@ class SmoothGroup:
 
 @attrs.frozen
 class QuantLayout:
-    """What a model declares about quantization: smoothable groups and layers kept at full precision."""
+    """What a model declares about quantization: smoothable groups, layers kept at full precision, and of those
+    the ones a bandwidth-bound path may read as a bfloat16 copy of the weight (``read_bf16``: float32 compute
+    over half the bytes, e.g. a one-row decode step's linears; the module's own forward stays float32)."""
 
     smooth_groups: tuple[SmoothGroup, ...] = ()
     keep_full_precision: tuple[str, ...] = ()
+    read_bf16: tuple[str, ...] = ()
 
 
 @attrs.define

@@ -62,6 +62,8 @@ _PACKED_MIN_ROWS = 2
 #: the most rows a vocabulary projection takes the ``row_linear`` kernel at (2.7x MKL's GEMM at 8 rows on the
 #: 51,864 x 384 table, one AVX-512 thread; the step's other linears take it up to ``rows.MAX_ROWS``)
 _ROW_VOCAB_MAX = 8
+#: ... and an int8 vocabulary projection (weight-only); from 4 rows on fbgemm's int8 GEMM is faster on that table
+_ROW_INT8_VOCAB_MAX = 2
 
 
 class WhisperDecoderLayer(nn.Module):
@@ -160,7 +162,8 @@ class WhisperDecoder(nn.Module):
         With an int8 output projection, the ``RESCORED_TOP`` largest logits of each row are computed
         again exactly from the floating-point token embedding (the tied weight), so the tokens
         decoding picks come from full-precision scores while the other 51k logits (the softmax
-        normalizer) keep the int8 GEMM's speed.
+        normalizer) keep the int8 product's speed (at up to ``_ROW_INT8_VOCAB_MAX`` rows the row kernel's
+        weight-only product, float32 activations; above it fbgemm's dynamic int8 GEMM).
         """
         if self.proj_out._int8 is None:
             out = row_product(hidden, self.proj_out.weight, max_rows=_ROW_VOCAB_MAX)
@@ -173,7 +176,9 @@ class WhisperDecoder(nn.Module):
                 # 2x MKL's on the 51,864 x 384 table at 16 rows (one AVX-512 thread)
                 return packed.blocked(lambda rows: packed.linear(self.proj_out, rows, min_rows=1), hidden, few=True)
             return self.proj_out(hidden)
-        logits = self.proj_out(hidden)
+        # one or two rows: weight-only through the row kernel (float32 activations, 0.96 vs 1.28 ms at one row on the
+        # 51,864 x 384 table); more rows: fbgemm's dynamic int8 GEMM (its VNNI product is faster there)
+        logits = row_linear(self.proj_out, hidden, max_rows=_ROW_INT8_VOCAB_MAX)
         if not RESCORED_TOP or not self._tied_fp_table():
             return logits
         flat, rows = logits.reshape(-1, logits.shape[-1]), hidden.reshape(-1, hidden.shape[-1])
@@ -256,6 +261,8 @@ class WhisperDecoder(nn.Module):
         """A step of at most ``rows.MAX_ROWS`` rows with every layer in one call of the ``decoder_layer_rows`` kernel
         (norms, linears, both attentions, GELU and the residual adds; ``x`` (B, 1, D) updated in place), where it
         applies: CPU float32 inference, float32 step linears, q/k/v small enough to stack, contiguous caches.
+        A step linear marked ``read_bf16`` (the int8 model's, :meth:`WhisperModel.quantization_layout`) is read as a
+        bfloat16 copy there, so an int8 model's one-row step differs from its op-by-op step by that rounding.
         False (nothing done) elsewhere: the op-by-op path runs."""
         fn = kernel("decoder_layer_rows") if few_rows(x) else None
         weights = None if fn is None else self._fused_weights(fn)
@@ -298,15 +305,18 @@ class WhisperDecoder(nn.Module):
                 return None
             out = []
             for layer in self.layers:
-                sa, ca = layer.self_attn, layer.encoder_attn
+                sa = layer.self_attn
                 norms = self._norms(layer)
-                out.append(build(pair(norms[0]), self._stacked(sa, [getattr(sa, n) for n in sa.names[:3]]),
-                                 pair(getattr(sa, sa.names[3])), pair(norms[1]), pair(getattr(ca, ca.names[0])),
-                                 pair(getattr(ca, ca.names[3])), pair(norms[2]), pair(layer.fc1), pair(layer.fc2),
-                                 [n.eps for n in norms]))
+                qkv = [getattr(sa, n) for n in sa.names[:3]]
+                linears = self._step_linears(layer)
+                halves = (all(p.read_bf16 for p in qkv), *(lin.read_bf16 for lin in linears[3:]))
+                out.append(build(pair(norms[0]), self._stacked(sa, qkv), pair(linears[3]), pair(norms[1]),
+                                 pair(linears[4]), pair(linears[5]), pair(norms[2]), pair(layer.fc1), pair(layer.fc2),
+                                 [n.eps for n in norms], halves))
             return out
 
-        return derived(self, "fused_step", sources, arrays, differentiable=False)
+        flags = tuple(lin.read_bf16 for layer in self.layers for lin in self._step_linears(layer))
+        return derived(self, "fused_step", sources, arrays, extra=flags, differentiable=False)
 
     @staticmethod
     def _norms(layer: WhisperDecoderLayer) -> tuple[LayerNorm, LayerNorm, LayerNorm]:
@@ -668,7 +678,12 @@ class WhisperModel(BaseAsrModel):
           (8.9 vs 10.3 ms per greedy token on the loaded box: one row goes to fbgemm unscaled), so
           this is accuracy bought with decoder speed.  The cross-attention k/v projections (1500
           frames, once per window) and the vocabulary projection (its top logits rescored in fp32)
-          stay int8.
+          stay int8.  Of the step linears, self-attention q/k/v/out, fc1 and fc2 are read at bfloat16
+          by the fused one-row step (``read_bf16``: float32 compute over half the bytes; greedy token
+          4.56 -> 3.72 ms on tiny.en): on the benchmark's 34 clips at one row every token is kept
+          (98.4 % agreement with fp32 either way) and on the 141.5 s recording too (94.7 %); with the
+          cross-attention q/out also bf16 the recording loses one near-tie (93.7 %, WER 14.7 -> 15.0 %),
+          so those two stay float32 reads (docs/benchmarks.md, session 9).
 
         Measured on tiny.en, greedy, batch 16, 39 clips (the int8 test's 7 + the benchmark's 32
         sentences; docs/benchmarks.md, "int8 step, session 5"): this layout keeps 97.7 % of the fp32
@@ -694,8 +709,11 @@ class WhisperModel(BaseAsrModel):
         keep = tuple(f"encoder.layers.{i}.fc2" for i in range(len(self.encoder.layers)))
         step = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj",
                 "encoder_attn.q_proj", "encoder_attn.out_proj", "fc1", "fc2")
-        keep += tuple(f"decoder.layers.{i}.{name}" for i in range(len(self.decoder.layers)) for name in step)
-        return QuantLayout(smooth_groups=tuple(groups), keep_full_precision=keep)
+        n_dec = len(self.decoder.layers)
+        kept_step = tuple(f"decoder.layers.{i}.{name}" for i in range(n_dec) for name in step)
+        # the one-row step reads these at bfloat16 (the cross-attention q/out stay float32 reads, see above)
+        halves = tuple(f"decoder.layers.{i}.{name}" for i in range(n_dec) for name in step if "encoder_attn" not in name)
+        return QuantLayout(smooth_groups=tuple(groups), keep_full_precision=keep + kept_step, read_bf16=halves)
 
     def extra_repr(self) -> str:
         c = self.config

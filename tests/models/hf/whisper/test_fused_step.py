@@ -1,7 +1,8 @@
 """The fused decoder step (oasr-kernels' ``decoder_layer_rows``: one call per layer at up to ``rows.MAX_ROWS`` rows)
 against the op-by-op step it replaces: the same logits and the same key/value caches over rows of different lengths,
 beam rows sharing an encoder entry and merged states; and where it must not run (int8 step linears, autograd, more
-rows, ``OASR_KERNELS=0``, a weight changed in place: the next step follows it)."""
+rows, ``OASR_KERNELS=0``, a weight changed in place: the next step follows it); the int8 model's bfloat16 reads of
+its step linears (``read_bf16``) against the op-by-op step over the same weights rounded to bfloat16."""
 
 from __future__ import annotations
 
@@ -29,9 +30,10 @@ def _prompts(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens, torch.tensor([len(p) for p in PROMPTS[:n]])
 
 
-def _run(decoder, enc, n: int, *, beam: int = 1, merged: bool = False):
+def _run(decoder, enc, n: int, *, beam: int = 1, merged: bool = False, after_prefill=None):
     """Logits of every step and the final state, prompts of different lengths (right-padded); ``beam``: each row
-    repeated (rows sharing their encoder entry); ``merged``: the rows prefilled as two states then merged."""
+    repeated (rows sharing their encoder entry); ``merged``: the rows prefilled as two states then merged;
+    ``after_prefill()`` runs between the prefill and the steps."""
     tokens, lengths = _prompts(n)
     if merged:
         a, _ = decoder.prefill(enc[:1], tokens[:1, :lengths[0]])
@@ -41,6 +43,8 @@ def _run(decoder, enc, n: int, *, beam: int = 1, merged: bool = False):
         state, _ = decoder.prefill(enc[:n], tokens, lengths)
     if beam > 1:
         state = decoder.select(state, torch.arange(n).repeat_interleave(beam))
+    if after_prefill is not None:
+        after_prefill()
     out = []
     for j in range(len(STEPS[0])):
         feed = torch.tensor([STEPS[r][j] for r in range(n)]).repeat_interleave(beam)
@@ -132,3 +136,35 @@ def test_fused_step_follows_a_weight_changed_in_place(tiny, enc, monkeypatch, fu
         before, _, _, _ = _both(tiny.model.decoder, enc, monkeypatch, fused_step_calls, n=1)
     _close(fused, ops)
     assert (fused - before).abs().max() > 1e-2  # the change reached the kernel
+
+
+def test_int8_model_reads_its_marked_step_linears_at_bfloat16(tiny, enc, monkeypatch, fused_step_calls,
+                                                           row_kernel_calls):
+    """The int8 layout marks the self-attention and MLP step linears ``read_bf16``: the fused step equals the
+    op-by-op step of the same model with those weights rounded to bfloat16 after the prefill (which reads them at
+    float32, as the fused run's prefill does), and not the unrounded one's as closely; its one-row vocabulary
+    projection is the row kernel's weight-only int8 product."""
+    from oasr.layers.quant import quantize_model_int8
+
+    model = copy.deepcopy(tiny.model)
+    section = quantize_model_int8(model, model.quantization_layout())
+    decoder = model.decoder
+    marked = {lin for layer in decoder.layers for lin in decoder._step_linears(layer) if lin.read_bf16}
+    cross = {lin for layer in decoder.layers for lin in (layer.encoder_attn.q_proj, layer.encoder_attn.out_proj)}
+    assert len(marked) == 6 * len(decoder.layers) and not marked & cross
+    assert len(section["read_bf16"]) == len(marked)
+
+    def round_marked() -> None:
+        for lin in marked:
+            lin.weight.copy_(lin.weight.to(torch.bfloat16).float())
+
+    with torch.no_grad():
+        fused, _ = _run(decoder, enc, 2)
+        assert fused_step_calls == [2] * (len(STEPS[0]) * len(decoder.layers))
+        _run(decoder, enc, 1)
+        assert (1, tuple(decoder.proj_out.weight.shape), True) in row_kernel_calls
+        monkeypatch.setitem(_backend._cache, "decoder_layer_rows", None)
+        plain, _ = _run(decoder, enc, 2)
+        rounded, _ = _run(decoder, enc, 2, after_prefill=round_marked)
+    _close(fused, rounded)
+    assert (fused - rounded).abs().max() * 10 < (fused - plain).abs().max()
