@@ -18,7 +18,8 @@ Usage: ``python benchmarks/whisper.py [--repeats 2] [--long-seconds 120] [--skip
 OASR's greedy token by category (vocabulary product, rescoring, step linears, attention products, ...);
 ``--screen-ab`` adds OASR fp32 with the (opt-in) int8-screened vocabulary projection on; ``--rows-ab`` adds OASR
 fp32 and int8 greedy with the few-row decoder paths off (no ``row_linear`` kernel, the vocabulary projection of a
-batched step on MKL's GEMM: the code before them), alternating with the rest.
+batched step on MKL's GEMM: the code before them), alternating with the rest; ``--fused-ab`` adds OASR fp32 and int8
+greedy with the fused decoder step off (the ``decoder_layer_rows`` kernel slot empty: the op-by-op step before it).
 """
 
 from __future__ import annotations
@@ -396,6 +397,21 @@ class _WithoutRowPaths:
             _backend._cache["row_linear"], whisper_model._ROW_VOCAB_MAX = saved
 
 
+class _WithoutFusedStep(_WithoutRowPaths):
+    """An :class:`Oasr` run with the ``decoder_layer_rows`` kernel slot empty: a step of a few rows on the op-by-op
+    path (its linears on the row kernel; the int8 model's step linears read at float32), what ran before it."""
+
+    def run(self, clips) -> list[str]:
+        from oasr.layers import _backend
+
+        saved = _backend.kernel("decoder_layer_rows")
+        _backend._cache["decoder_layer_rows"] = None
+        try:
+            return self.system.run(clips)
+        finally:
+            _backend._cache["decoder_layer_rows"] = saved
+
+
 def _screened(system: Oasr) -> Oasr:
     system.strategy.ctx.model.decoder.screen_vocabulary = True  # the int8 screen with exact log-probabilities
     return system
@@ -413,6 +429,8 @@ def main() -> None:
                         help="also OASR int8 greedy with its encoder layers on the reference int8 ops")
     parser.add_argument("--rows-ab", action="store_true",
                         help="also OASR fp32 / int8 greedy with the few-row decoder paths off (before/after)")
+    parser.add_argument("--fused-ab", action="store_true",
+                        help="also OASR fp32 / int8 greedy with the fused decoder step off (before/after)")
     parser.add_argument("--screen-ab", action="store_true",
                         help="also OASR fp32 with the int8-screened vocabulary projection on")
     parser.add_argument("--sensitivity", action="store_true",
@@ -444,6 +462,10 @@ def main() -> None:
         for precision in ("fp32", "int8"):
             factories[f"oasr {precision} greedy without-row-paths"] = (
                 lambda q=precision == "int8": _WithoutRowPaths(Oasr(model_dir, q, "greedy", 16)))
+    if args.fused_ab:
+        for precision in ("fp32", "int8"):
+            factories[f"oasr {precision} greedy without-fused-step"] = (
+                lambda q=precision == "int8": _WithoutFusedStep(Oasr(model_dir, q, "greedy", 16)))
     if args.screen_ab:
         for mode in ("greedy", "defaults"):
             factories[f"oasr fp32 {mode} screened"] = lambda m=mode: _screened(Oasr(model_dir, False, m, 16))
