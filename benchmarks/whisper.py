@@ -261,6 +261,7 @@ def _oasr_loop_ms(decoder, cross, gen, prompt: list[int], steps: int) -> tuple[f
 _SPLIT = (("vocabulary product", "vocabulary", ("quantized::linear_dynamic", "aten::mm", "aten::addmm", "aten::mv",
                                                 "row_linear")),
           ("rescoring", "vocabulary", None),
+          ("fused decoder layers", None, ("decoder_layer_rows",)),
           ("step linears", None, ("aten::addmm", "aten::mm", "quantized::linear_dynamic", "mkldnn::_linear_pointwise",
                                   "row_linear")),
           ("cross-attention products", "cross", ("aten::bmm", "aten::mm")),
@@ -282,6 +283,15 @@ def _step_split(decoder, cross, gen, prompt: list[int], steps: int) -> str:
         with record_function("row_linear"):
             return row_kernel(*args)
 
+    fused = _backend.kernel("decoder_layer_rows")  # numba too: one call per layer and step
+
+    class LabelledFused:
+        prepare = staticmethod(fused.prepare) if fused is not None else None
+
+        def __call__(self, *args):
+            with record_function("decoder_layer_rows"):
+                return fused(*args)
+
     def labelled(hidden):
         with record_function("vocabulary"):
             return logits(hidden)
@@ -293,6 +303,8 @@ def _step_split(decoder, cross, gen, prompt: list[int], steps: int) -> str:
     decoder.logits, decoder._cross = labelled, labelled_cross
     if row_kernel is not None:
         _backend._cache["row_linear"] = labelled_rows
+    if fused is not None:
+        _backend._cache["decoder_layer_rows"] = LabelledFused()
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof, record_function("loop"):
             _oasr_loop_ms(decoder, cross, gen, prompt, steps)
@@ -300,6 +312,8 @@ def _step_split(decoder, cross, gen, prompt: list[int], steps: int) -> str:
         del decoder.logits, decoder._cross
         if row_kernel is not None:
             _backend._cache["row_linear"] = row_kernel
+        if fused is not None:
+            _backend._cache["decoder_layer_rows"] = fused
     shares = dict.fromkeys([name for name, _, _ in _SPLIT] + ["other ops"], 0.0)
     spent = 0.0
     for event in prof.events():
