@@ -679,8 +679,8 @@ class WhisperModel(BaseAsrModel):
           this is accuracy bought with decoder speed.  The cross-attention k/v projections (1500
           frames, once per window) and the vocabulary projection (its top logits rescored in fp32)
           stay int8.  Of the step linears, self-attention q/k/v/out, fc1 and fc2 are read at bfloat16
-          by the fused one-row step (``read_bf16``: float32 compute over half the bytes; greedy token
-          4.56 -> 3.72 ms on tiny.en): on the benchmark's 34 clips at one row every token is kept
+          by the fused one-row step (``read_bf16``: float32 compute over half the bytes of a bandwidth-bound
+          step, ~0.2 ms of a layer's 0.6 ms cold): on the benchmark's 34 clips at one row every token is kept
           (98.4 % agreement with fp32 either way) and on the 141.5 s recording too (94.7 %); with the
           cross-attention q/out also bf16 the recording loses one near-tie (93.7 %, WER 14.7 -> 15.0 %),
           so those two stay float32 reads (docs/benchmarks.md, session 9).
