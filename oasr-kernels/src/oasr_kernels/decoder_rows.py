@@ -109,6 +109,22 @@ def _softmax_weights(s, n):  # pragma: no cover - compiled
 
 
 @numba.njit(**_OPTS)
+def _attend_values(scores, n, values, acc, out):  # pragma: no cover - compiled
+    """out = softmax(scores[:n]) @ values[:n]: the weights exponentiated in place, the sum taken, the values
+    accumulated in ``acc`` (dh,), then divided once."""
+    total = _softmax_weights(scores, n)
+    dh = acc.shape[0]
+    for j in range(dh):
+        acc[j] = 0.0
+    for t in range(n):
+        wt = scores[t]
+        for j in range(dh):
+            acc[j] += wt * values[t, j]
+    for j in range(dh):
+        out[j] = acc[j] / total
+
+
+@numba.njit(**_OPTS)
 def _layer(x, pos, entry, ln1_w, ln1_b, qkv_w, qkv_b, self_k, self_v, o_w, o_b, ln2_w, ln2_b, cq_w, cq_b, cross_k,
            cross_v, co_w, co_b, ln3_w, ln3_b, fc1_w, fc1_b, fc2_w, fc2_b, eps):  # pragma: no cover - compiled
     rows, d = x.shape
@@ -136,15 +152,7 @@ def _layer(x, pos, entry, ln1_w, ln1_b, qkv_w, qkv_b, self_k, self_v, o_w, o_b, 
                 for j in range(dh):
                     s += qkv[r, base + j] * self_k[r, hd, t, j]
                 scores[t] = s * scale
-            total = _softmax_weights(scores, p + 1)
-            for j in range(dh):
-                acc[j] = 0.0
-            for t in range(p + 1):
-                wt = scores[t]
-                for j in range(dh):
-                    acc[j] += wt * self_v[r, hd, t, j]
-            for j in range(dh):
-                ctx[r, base + j] = acc[j] / total
+            _attend_values(scores, p + 1, self_v[r, hd], acc, ctx[r, base:base + dh])
     _linear(o_w, o_b, ctx, x, True)
 
     # cross-attention over the row's encoder entry (keys stored transposed: (heads, dh, frames))
@@ -171,15 +179,7 @@ def _layer(x, pos, entry, ln1_w, ln1_b, qkv_w, qkv_b, self_k, self_v, o_w, o_b, 
                 j += 1
             for t in range(frames):
                 scores[t] *= scale
-            total = _softmax_weights(scores, frames)
-            for j in range(dh):
-                acc[j] = 0.0
-            for t in range(frames):
-                wt = scores[t]
-                for j in range(dh):
-                    acc[j] += wt * cross_v[e, hd, t, j]
-            for j in range(dh):
-                ctx[r, base + j] = acc[j] / total
+            _attend_values(scores, frames, cross_v[e, hd], acc, ctx[r, base:base + dh])
     _linear(co_w, co_b, ctx, x, True)
 
     # the MLP: exact GELU between the two linears
