@@ -25,6 +25,7 @@ greedy with the fused decoder step off (the ``decoder_layer_rows`` kernel slot e
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import os
 import platform
@@ -222,6 +223,19 @@ def sensitivity(model_dir: str, clips) -> None:
               f"{rms:.3f}, argmax flips {flips}/{steps}", flush=True)
 
 
+@contextlib.contextmanager
+def _kernel_slots(**replacements):
+    """The named kernel slots hold the given callables (None: empty) inside the block; restored after."""
+    from oasr.layers import _backend
+
+    saved = {name: _backend.kernel(name) for name in replacements}
+    _backend._cache.update(replacements)
+    try:
+        yield
+    finally:
+        _backend._cache.update(saved)
+
+
 def _oasr_step_ms(decoder, cross, prompt: list[int], steps: int) -> float:
     """CPU ms per ``WhisperDecoder.step`` at one row after ``prompt``, feeding one text token."""
     state, _ = decoder.prefill(cross, torch.tensor([prompt]), capacity=len(prompt) + steps + 1)
@@ -301,19 +315,13 @@ def _step_split(decoder, cross, gen, prompt: list[int], steps: int) -> str:
             return cross_fn(*args, **kwargs)
 
     decoder.logits, decoder._cross = labelled, labelled_cross
-    if row_kernel is not None:
-        _backend._cache["row_linear"] = labelled_rows
-    if fused is not None:
-        _backend._cache["decoder_layer_rows"] = LabelledFused()
     try:
-        with profile(activities=[ProfilerActivity.CPU]) as prof, record_function("loop"):
+        with (_kernel_slots(row_linear=labelled_rows if row_kernel is not None else None,
+                            decoder_layer_rows=LabelledFused() if fused is not None else None),
+              profile(activities=[ProfilerActivity.CPU]) as prof, record_function("loop")):
             _oasr_loop_ms(decoder, cross, gen, prompt, steps)
     finally:
         del decoder.logits, decoder._cross
-        if row_kernel is not None:
-            _backend._cache["row_linear"] = row_kernel
-        if fused is not None:
-            _backend._cache["decoder_layer_rows"] = fused
     shares = dict.fromkeys([name for name, _, _ in _SPLIT] + ["other ops"], 0.0)
     spent = 0.0
     for event in prof.events():
@@ -400,15 +408,14 @@ class _WithoutRowPaths:
         return getattr(self.system, name)
 
     def run(self, clips) -> list[str]:
-        from oasr.layers import _backend
         from oasr_models_hf.whisper import model as whisper_model
 
-        saved = _backend.kernel("row_linear"), whisper_model._ROW_VOCAB_MAX
-        _backend._cache["row_linear"], whisper_model._ROW_VOCAB_MAX = None, 1 << 30
+        saved, whisper_model._ROW_VOCAB_MAX = whisper_model._ROW_VOCAB_MAX, 1 << 30
         try:
-            return self.system.run(clips)
+            with _kernel_slots(row_linear=None):
+                return self.system.run(clips)
         finally:
-            _backend._cache["row_linear"], whisper_model._ROW_VOCAB_MAX = saved
+            whisper_model._ROW_VOCAB_MAX = saved
 
 
 class _WithoutFusedStep(_WithoutRowPaths):
@@ -416,14 +423,8 @@ class _WithoutFusedStep(_WithoutRowPaths):
     path (its linears on the row kernel; the int8 model's step linears read at float32), what ran before it."""
 
     def run(self, clips) -> list[str]:
-        from oasr.layers import _backend
-
-        saved = _backend.kernel("decoder_layer_rows")
-        _backend._cache["decoder_layer_rows"] = None
-        try:
+        with _kernel_slots(decoder_layer_rows=None):
             return self.system.run(clips)
-        finally:
-            _backend._cache["decoder_layer_rows"] = saved
 
 
 def _screened(system: Oasr) -> Oasr:
