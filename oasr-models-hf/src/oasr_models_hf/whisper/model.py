@@ -601,11 +601,13 @@ class WhisperDecoder(nn.Module):
         return self.logits(hidden)
 
     def cross_attention(self, enc_out: torch.Tensor, token_ids: torch.Tensor, heads: Sequence[tuple[int, int]],
-                        max_frames: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        max_frames: int | None = None, *, logits: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """Cross-attention probabilities of ``heads`` ((layer, head) pairs) and the logits of one pass.
 
         Returns (B, len(heads), L, F) probabilities (softmax over the first ``max_frames`` encoder
-        frames) and (B, L, V) logits, for ``token_ids`` (B, L) teacher-forced over ``enc_out``.
+        frames) and (B, L, V) logits, for ``token_ids`` (B, L) teacher-forced over ``enc_out``;
+        ``logits=False`` returns the final hidden states (B, L, D) instead, for a caller that projects a
+        few rows at a time (a window's logits are ~40 MB).
         """
         heads = [(int(layer), int(head)) for layer, head in heads]
         if not heads:
@@ -622,7 +624,7 @@ class WhisperDecoder(nn.Module):
         per_layer = dict(zip(sorted(capture), captured, strict=False))
         order = {layer: {head: j for j, head in enumerate(capture[layer])} for layer in capture}
         probs = torch.stack([per_layer[layer][:, order[layer][head]] for layer, head in heads], dim=1)
-        return probs, self.logits(hidden)
+        return probs, self.logits(hidden) if logits else hidden
 
 
 class WhisperModel(BaseAsrModel):

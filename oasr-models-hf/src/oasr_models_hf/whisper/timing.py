@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from oasr.decoding.types import Segment, WordTiming
-from oasr_models_hf.whisper.model import WhisperModel
+from oasr_models_hf.whisper.model import WhisperDecoder, WhisperModel
 
 PREPEND_PUNCTUATION = "\"'“¿([{-"
 APPEND_PUNCTUATION = "\"'.。,，!！?？:：”)]}、"
@@ -33,9 +33,12 @@ NO_SPACE_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "my", "yue"})
 MEDIAN_FILTER_WIDTH = 7
 
 
-#: token rows processed at a time by :func:`median_filter` and the token probabilities: a window's
-#: sliding copies, sorted values, int64 indices and softmax stay a few MB (~250 MB for 224 tokens at once)
+#: token rows processed at a time by :func:`median_filter`: a window's sliding copies, sorted values and
+#: int64 indices stay a few MB (~250 MB for 224 tokens at once)
 BLOCK_ROWS = 16
+#: token rows projected onto the vocabulary at a time for their probabilities (13 MB of float32 logits on a
+#: 51,864-token vocabulary; the GEMM's weights are read once per block)
+PROB_ROWS = 64
 
 
 def median_filter(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -116,14 +119,16 @@ def split_words(tokenizer: Any, tokens: list[int], eot: int, language: str | Non
     return words, word_tokens
 
 
-def _token_probs(logits: torch.Tensor, tokens: list[int]) -> list[float]:
-    """``softmax(logits[i])[tokens[i]]`` per row, a few rows at a time (a window's full softmax would be
-    another (tokens, vocabulary) float32 copy, ~40 MB)."""
+def _token_probs(decoder: WhisperDecoder, hidden: torch.Tensor, tokens: list[int], vocab: int) -> list[float]:
+    """``softmax(logits[i, :vocab])[tokens[i]]`` per row of ``hidden`` (L, D), projected a block of
+    :data:`PROB_ROWS` rows at a time: a window's whole logits would be a (tokens, vocabulary) float32
+    tensor, ~40 MB, and its softmax another."""
     out: list[float] = []
-    for row in range(0, len(tokens), BLOCK_ROWS):
-        chunk = torch.tensor(tokens[row:row + BLOCK_ROWS])
-        probs = logits[row:row + BLOCK_ROWS].float().softmax(dim=-1)
-        out += probs[torch.arange(len(chunk)), chunk].tolist()
+    for row in range(0, len(tokens), PROB_ROWS):
+        chunk = torch.tensor(tokens[row:row + PROB_ROWS])
+        logits = decoder.logits(hidden[row:row + PROB_ROWS])[:, :vocab].float()
+        picked = logits[torch.arange(len(chunk)), chunk]
+        out += torch.exp(picked - torch.logsumexp(logits, dim=-1)).tolist()
     return out
 
 
@@ -132,9 +137,10 @@ def _align(model: WhisperModel, tokenizer: Any, enc: torch.Tensor, text_tokens: 
     gen = model.config.generation
     tokens = [*sot_sequence, gen.no_timestamps_id, *text_tokens, gen.eot_id]
     ids = torch.tensor([tokens], device=enc.device)
-    probs, logits = model.decoder.cross_attention(enc[None], ids, gen.alignment_heads, max_frames=num_frames // 2)
+    probs, hidden = model.decoder.cross_attention(enc[None], ids, gen.alignment_heads, max_frames=num_frames // 2,
+                                                  logits=False)
     start = len(sot_sequence)
-    text_probs = _token_probs(logits[0, start:start + len(text_tokens), : gen.eot_id], text_tokens)
+    text_probs = _token_probs(model.decoder, hidden[0, start:start + len(text_tokens)], text_tokens, gen.eot_id)
     weights = probs[0].float()  # (heads, tokens, frames)
     std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
     weights = median_filter((weights - mean) / std, MEDIAN_FILTER_WIDTH)

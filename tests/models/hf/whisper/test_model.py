@@ -122,6 +122,14 @@ def test_cross_attention_matches_transformers_attentions(tiny, hf_model, mel):
     ref = torch.stack([out.cross_attentions[layer][:, head] for layer, head in heads], dim=1)
     torch.testing.assert_close(probs, ref, rtol=1e-3, atol=1e-5)
     torch.testing.assert_close(logits, out.logits, rtol=1e-4, atol=1e-4 * out.logits.abs().max())
+    # logits=False: the final hidden states instead, which project to the same logits (word timing projects a
+    # block of rows at a time)
+    with torch.no_grad():
+        same, hidden = tiny.model.decoder.cross_attention(enc, tokens, heads, logits=False)
+        projected = tiny.model.decoder.logits(hidden)
+    assert hidden.shape == (*tokens.shape, tiny.model.config.d_model)
+    torch.testing.assert_close(same, probs)
+    torch.testing.assert_close(projected, logits, rtol=1e-5, atol=1e-5 * logits.abs().max())
     # a truncated frame range renormalizes over the frames kept (openai-whisper's word timing input)
     with torch.no_grad():
         cut, _ = tiny.model.decoder.cross_attention(enc, tokens, heads, max_frames=100)
