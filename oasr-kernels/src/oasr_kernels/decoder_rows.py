@@ -197,8 +197,8 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().numpy()
 
 
-def _layer_rows(x: torch.Tensor, positions: torch.Tensor, entries: torch.Tensor, weights: tuple,
-                       self_k: torch.Tensor, self_v: torch.Tensor, cross_k: torch.Tensor, cross_v: torch.Tensor) -> None:
+def _layer_rows(x: torch.Tensor, positions: torch.Tensor, entries: torch.Tensor, weights: tuple, self_k: torch.Tensor,
+                self_v: torch.Tensor, cross_k: torch.Tensor, cross_v: torch.Tensor) -> None:
     """One decoder layer over ``x`` (rows, D) float32, updated in place (the residual stream).
 
     ``positions`` (rows,) int64: each row's cache position (its key and value are written there, attention runs

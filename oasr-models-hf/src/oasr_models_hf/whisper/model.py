@@ -66,6 +66,11 @@ _ROW_VOCAB_MAX = 8
 _ROW_INT8_VOCAB_MAX = 2
 
 
+def _stackable(projections: Sequence[Linear]) -> bool:
+    """Whether a layer's q/k/v are small enough for the decoder to keep a stacked copy (``_STACK_QKV_MAX``)."""
+    return sum(p.weight.numel() for p in projections) <= _STACK_QKV_MAX
+
+
 class WhisperDecoderLayer(nn.Module):
     def __init__(self, d_model: int, heads: int, ffn_dim: int):
         super().__init__()
@@ -240,8 +245,7 @@ class WhisperDecoder(nn.Module):
         if x.numel() // x.shape[-1] < _PACKED_MIN_ROWS:  # a one-row step: decided before the linears' checks
             return False
         linears = self._step_linears(layer)
-        return (packed.fusable(linears, x, min_rows=_PACKED_MIN_ROWS)
-                and sum(p.weight.numel() for p in linears[:3]) <= _STACK_QKV_MAX)
+        return packed.fusable(linears, x, min_rows=_PACKED_MIN_ROWS) and _stackable(linears[:3])
 
     @staticmethod
     def _step_linears(layer: WhisperDecoderLayer) -> list[Linear]:
@@ -268,11 +272,9 @@ class WhisperDecoder(nn.Module):
         weights = None if fn is None else self._fused_weights(fn)
         if weights is None:
             return False
-        k0, v0 = state.self_k[0], state.cross_k[0]
-        if not (k0.dtype == v0.dtype == torch.float32 and x.is_contiguous()):
-            return False
         caches = (*state.self_k, *state.self_v, *state.cross_k, *state.cross_v)
-        if not all(t.is_contiguous() and t.is_cpu for t in caches):
+        if not (x.is_contiguous()
+                and all(t.dtype == torch.float32 and t.is_contiguous() and t.is_cpu for t in caches)):
             return False
         rows, entries = x.view(x.shape[0], x.shape[-1]), state.cross_rows.contiguous()
         positions = write_pos.contiguous()
@@ -286,18 +288,21 @@ class WhisperDecoder(nn.Module):
         changes), or None where the layers do not fit it (an int8 or non-float32 step linear, a non-GELU MLP, q/k/v
         too large to stack)."""
         build = fn.prepare
-        sources = [t for layer in self.layers for lin in self._step_linears(layer) for t in (lin.weight, lin.bias)]
-        sources += [t for layer in self.layers for norm in self._norms(layer) for t in (norm.weight, norm.bias)]
+        sources: list[torch.Tensor | None] = []
+        flags: list[bool] = []
+        for layer in self.layers:
+            for module in (*self._step_linears(layer), *self._norms(layer)):
+                sources += (module.weight, module.bias)
+                flags.append(getattr(module, "read_bf16", False))
 
         def pair(module) -> tuple[torch.Tensor, torch.Tensor]:
             weight = module.weight
             return weight, module.bias if module.bias is not None else weight.new_zeros(weight.shape[0])
 
         def fits(layer: WhisperDecoderLayer) -> bool:
-            sa = layer.self_attn
+            linears = self._step_linears(layer)
             return (all(lin._int8 is None and lin.weight.dtype == torch.float32 and lin.weight.is_cpu
-                        for lin in self._step_linears(layer)) and layer.fc1.activation == "gelu"
-                    and sum(getattr(sa, n).weight.numel() for n in sa.names[:3]) <= _STACK_QKV_MAX
+                        for lin in linears) and layer.fc1.activation == "gelu" and _stackable(linears[:3])
                     and all(n.weight is not None for n in self._norms(layer)))
 
         def arrays() -> list[tuple] | None:
@@ -305,18 +310,15 @@ class WhisperDecoder(nn.Module):
                 return None
             out = []
             for layer in self.layers:
-                sa = layer.self_attn
-                norms = self._norms(layer)
-                qkv = [getattr(sa, n) for n in sa.names[:3]]
-                linears = self._step_linears(layer)
+                norms, linears = self._norms(layer), self._step_linears(layer)
+                qkv = linears[:3]
                 halves = (all(p.read_bf16 for p in qkv), *(lin.read_bf16 for lin in linears[3:]))
-                out.append(build(pair(norms[0]), self._stacked(sa, qkv), pair(linears[3]), pair(norms[1]),
+                out.append(build(pair(norms[0]), self._stacked(layer.self_attn, qkv), pair(linears[3]), pair(norms[1]),
                                  pair(linears[4]), pair(linears[5]), pair(norms[2]), pair(layer.fc1), pair(layer.fc2),
                                  [n.eps for n in norms], halves))
             return out
 
-        flags = tuple(lin.read_bf16 for layer in self.layers for lin in self._step_linears(layer))
-        return derived(self, "fused_step", sources, arrays, extra=flags, differentiable=False)
+        return derived(self, "fused_step", sources, arrays, extra=tuple(flags), differentiable=False)
 
     @staticmethod
     def _norms(layer: WhisperDecoderLayer) -> tuple[LayerNorm, LayerNorm, LayerNorm]:
@@ -363,8 +365,7 @@ class WhisperDecoder(nn.Module):
         if fast:
             qkv = packed.blocked(lambda rows: packed.linear_group(projections, rows, min_rows=1), h, few=True)
             return tuple(split_heads(t, self.n_heads) for t in qkv.chunk(3, dim=-1))
-        if (any(p._int8 is not None for p in projections)
-                or sum(p.weight.numel() for p in projections) > _STACK_QKV_MAX):
+        if any(p._int8 is not None for p in projections) or not _stackable(projections):
             if rowwise:
                 return tuple(split_heads(row_linear(p, h), self.n_heads) for p in projections)
             return sa.project(h, 0), sa.project(h, 1), sa.project(h, 2)
@@ -427,12 +428,12 @@ class WhisperDecoder(nn.Module):
         Prefill (``write_pos`` None): causal self-attention over the L positions, K/V stored at 0..L-1.
         Step (L == 1): K/V written at ``write_pos`` (B,) per row, attention over each row's keys.
         """
+        if write_pos is not None and capture is None and self._fused_step(x, state, write_pos):
+            return self.layer_norm(x)
         if write_pos is not None:
             span = (state.uniform_length if state.uniform_length is not None else int(write_pos.max())) + 1
             key_mask = None if state.uniform_length is not None else \
                 (torch.arange(span, device=x.device)[None, :] > write_pos[:, None])[:, None, None, :]
-        if write_pos is not None and capture is None and self._fused_step(x, state, write_pos):
-            return self.layer_norm(x)
         # a step of a few rows: its linears through the row kernel (more rows when they are all int8)
         rowwise = write_pos is not None and kernel("row_linear") is not None and few_rows(x, self._row_limit())
         for i, layer in enumerate(self.layers):
