@@ -22,7 +22,8 @@ computed once per request (not per beam row) and each row points at its request'
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 
 import attrs
 import torch
@@ -132,22 +133,29 @@ class WhisperDecoder(nn.Module):
     #: the search's greedy steps project an fp32 table through :meth:`vocab_screen`: the fp32 token
     #: decisions from fewer bytes, and the exact log-probabilities from one batched fp32 product
     #: over many steps afterwards (``search._DeferredLogprobs``): the same tokens and avg_logprob as
-    #: the full product.  Opt-in (CPU, fp32 table, fbgemm): set True on an instance or the class.
-    #: Off by default because the exact log-probabilities' batched product costs about what the
-    #: screen saves (measured 0.98-1.05x per fp32 greedy token on tiny.en, docs/benchmarks.md)
-    screen_vocabulary = False
+    #: the full product.  On by default where it applies (CPU, fp32 table, fbgemm); False on an instance or the
+    #: class turns it off.  What it gains depends on the core's memory bandwidth: per fp32 greedy token on tiny.en,
+    #: 1.36x on an Intel Xeon core that streams ~11 GB/s, 0.98-1.05x on an AMD EPYC core that streams ~37 GB/s,
+    #: where the batched product costs about what the screen saves (docs/benchmarks.md)
+    screen_vocabulary = True
     #: ... and the beam search's steps too: its per-step scores rank hypotheses and take the screen's
     #: approximate normalizer (off by up to 1.6e-3 per avg_logprob on tiny.en), so opt-in
     screen_beam_vocabulary = False
     #: ... and an int8 output projection too (decisions on the fp32 table instead of its top
     #: ``RESCORED_TOP`` rescored; measured on tiny.en: the same tokens and time, so off)
     screen_int8_vocabulary = False
+    #: greedy steps (rows x steps) a decoder projects through the full product before it builds the screen: building
+    #: it (an int8 copy of the table, fbgemm's pack, the bound terms) costs ~0.35 s on tiny.en, what ~100 screened
+    #: tokens save, so a process that decodes one short clip never pays it; every later step is screened
+    screen_after_steps = 128
 
     def __init__(self, config: WhisperConfig):
         super().__init__()
         d = config.d_model
         self.n_heads = config.decoder_attention_heads
         self.head_dim = d // self.n_heads
+        self.plain_steps = 0  # greedy step rows on the full product (count_plain_steps, screen_after_steps)
+        self._pinned: dict | None = None  # the fused step's arrays per kernel inside pinned_weights()
         self.embed_tokens = Embedding(config.vocab_size, d)
         self.embed_positions = Embedding(config.max_target_positions, d)
         self.layers = nn.ModuleList(
@@ -208,9 +216,11 @@ class WhisperDecoder(nn.Module):
         """The int8 screen of the output projection (:mod:`oasr_models_hf.whisper.screen`) when
         ``screen_vocabulary`` is on and this decoder can use one (CPU, fp32 table, fbgemm), else None;
         an int8 output projection (with ``screen_int8_vocabulary``) screens with its own int8 weights.
-        Rebuilt when the weights change."""
+        Rebuilt when the weights change.  None until :meth:`count_plain_steps` has counted ``screen_after_steps``."""
         table = self.embed_tokens.weight
         if not self.screen_vocabulary or not self._tied_fp_table() or table.device.type != "cpu":
+            return None
+        if self.plain_steps < self.screen_after_steps:
             return None
         int8 = self.proj_out._int8 is not None
         if int8 and not self.screen_int8_vocabulary:
@@ -218,6 +228,10 @@ class WhisperDecoder(nn.Module):
         q, scale = (self.proj_out.weight, self.proj_out.weight_scale) if int8 else (None, None)
         return derived(self, "vocab_screen", [table, q, scale], lambda: VocabScreen.build(table, exact_from, q, scale),
                        extra=exact_from, differentiable=False)
+
+    def count_plain_steps(self, rows: int) -> None:
+        """Count ``rows`` greedy step rows projected through the full product (see ``screen_after_steps``)."""
+        self.plain_steps += rows
 
     def cross_kv(self, enc_out: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Cross-attention keys (N, H, Dh, S), already transposed for the score product, and values
@@ -283,10 +297,31 @@ class WhisperDecoder(nn.Module):
                state.cross_v[i])
         return True
 
+    @contextlib.contextmanager
+    def pinned_weights(self) -> Iterator[None]:
+        """Inside the block the fused step's arrays (:meth:`_fused_weights`) are resolved once, not checked against
+        every weight's version at each step (~0.15 ms a step on tiny.en): for a search, whose weights do not change
+        while it runs.  Nested blocks share the outer one's."""
+        if self._pinned is not None:
+            yield
+            return
+        self._pinned = {}
+        try:
+            yield
+        finally:
+            self._pinned = None
+
     def _fused_weights(self, fn) -> list | None:
         """Each layer's arrays for the ``decoder_layer_rows`` kernel ``fn`` (its ``prepare``; kept until a weight
-        changes), or None where the layers do not fit it (an int8 or non-float32 step linear, a non-GELU MLP, q/k/v
-        too large to stack)."""
+        changes, and inside :meth:`pinned_weights` resolved once), or None where the layers do not fit it (an int8
+        or non-float32 step linear, a non-GELU MLP, q/k/v too large to stack)."""
+        if self._pinned is None:
+            return self._resolve_fused_weights(fn)
+        if fn not in self._pinned:
+            self._pinned[fn] = self._resolve_fused_weights(fn)
+        return self._pinned[fn]
+
+    def _resolve_fused_weights(self, fn) -> list | None:
         build = fn.prepare
         sources: list[torch.Tensor | None] = []
         flags: list[bool] = []

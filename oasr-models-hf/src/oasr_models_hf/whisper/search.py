@@ -323,6 +323,8 @@ def _greedy(decoder: WhisperDecoder, cross, tasks: list[WindowTask], rules: Logi
         live = still
         logits, screened = _project(decoder, screen, state, feed)
     deferred.flush()
+    if screen is None:
+        decoder.count_plain_steps(sum(len(g) for g in generated))
     results = []
     for i, task in enumerate(tasks):
         tokens = generated[i][:-1] if generated[i] and generated[i][-1] == gen.eot_id else generated[i]
@@ -497,19 +499,20 @@ def search_windows(decoder: WhisperDecoder, cross_k: list[torch.Tensor], cross_v
         width = task.beam_size if (task.beam_size and task.temperature == 0) else 1
         groups.setdefault((width, task.beam_style if width > 1 else ""), []).append(i)
     results: list[WindowResult | None] = [None] * len(tasks)
-    for (width, style), members in groups.items():
-        if len(members) == len(tasks):
-            cross = (cross_k, cross_v)
-        else:
-            index = torch.tensor(members, device=device)
-            cross = ([k.index_select(0, index) for k in cross_k], [v.index_select(0, index) for v in cross_v])
-        subset = [tasks[i] for i in members]
-        if width == 1:
-            out = _greedy(decoder, cross, subset, rules, gen, device, generator)
-        elif style == "transformers":
-            out = _beam_transformers(decoder, cross, subset, rules, gen, device, width)
-        else:
-            out = _beam(decoder, cross, subset, rules, gen, device, width)
-        for i, result in zip(members, out, strict=False):
-            results[i] = result
+    with decoder.pinned_weights():  # the weights hold still while the search runs
+        for (width, style), members in groups.items():
+            if len(members) == len(tasks):
+                cross = (cross_k, cross_v)
+            else:
+                index = torch.tensor(members, device=device)
+                cross = ([k.index_select(0, index) for k in cross_k], [v.index_select(0, index) for v in cross_v])
+            subset = [tasks[i] for i in members]
+            if width == 1:
+                out = _greedy(decoder, cross, subset, rules, gen, device, generator)
+            elif style == "transformers":
+                out = _beam_transformers(decoder, cross, subset, rules, gen, device, width)
+            else:
+                out = _beam(decoder, cross, subset, rules, gen, device, width)
+            for i, result in zip(members, out, strict=False):
+                results[i] = result
     return results  # type: ignore[return-value]

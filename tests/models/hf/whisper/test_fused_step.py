@@ -168,3 +168,32 @@ def test_int8_model_reads_its_marked_step_linears_at_bfloat16(tiny, enc, monkeyp
         rounded, _ = _run(decoder, enc, 2, after_prefill=round_marked)
     _close(fused, rounded)
     assert (fused - rounded).abs().max() * 10 < (fused - plain).abs().max()
+
+
+def test_pinned_weights_resolve_the_fused_arrays_once(tiny, enc, monkeypatch, fused_step_calls):
+    """Inside ``pinned_weights`` (a search) the kernel's arrays are resolved once for all steps, with the same logits;
+    outside it every step checks them against the weights (so an in-place change is followed, test above)."""
+    model = copy.deepcopy(tiny.model)
+    decoder = model.decoder
+    resolved = []
+    resolve = type(decoder)._resolve_fused_weights
+
+    def counting(self, fn):
+        resolved.append(fn)
+        return resolve(self, fn)
+
+    monkeypatch.setattr(type(decoder), "_resolve_fused_weights", counting)
+    with torch.no_grad():
+        plain, _ = _run(decoder, enc, 2)
+        assert len(resolved) == len(STEPS[0])
+        resolved.clear()
+        with decoder.pinned_weights():
+            with decoder.pinned_weights():  # nested: the outer block's arrays
+                pinned, _ = _run(decoder, enc, 2)
+            again, _ = _run(decoder, enc, 2)
+        assert len(resolved) == 1
+        assert torch.equal(pinned, plain) and torch.equal(again, plain)
+        resolved.clear()
+        _run(decoder, enc, 1)  # the block is over: resolved (checked) per step again
+    assert len(resolved) == len(STEPS[0])
+    assert fused_step_calls, "the fused kernel ran"

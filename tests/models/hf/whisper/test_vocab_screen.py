@@ -38,6 +38,7 @@ def count_resolves(monkeypatch):
 def _screen_of(model, eot: int) -> VocabScreen:
     decoder = copy.copy(model.decoder)
     decoder.screen_vocabulary = decoder.screen_int8_vocabulary = True
+    decoder.screen_after_steps = 0
     screen = decoder.vocab_screen(eot)
     assert screen is not None, "no screen on this CPU (fbgemm missing or its int8 product saturates)"
     return screen
@@ -145,18 +146,40 @@ def _search_both(model, cross, tasks, gen):
     plain = search_windows(decoder, cross[0], cross[1], tasks, gen)
     screened_decoder = copy.copy(decoder)
     screened_decoder.screen_vocabulary = screened_decoder.screen_beam_vocabulary = True
+    screened_decoder.screen_after_steps = 0
     screened = search_windows(screened_decoder, cross[0], cross[1], tasks, gen)
     return plain, screened
 
 
-def test_screen_is_opt_in_and_screens_greedy_only(tiny, monkeypatch):
-    decoder = tiny.model.decoder
-    assert type(decoder).screen_vocabulary is False
-    assert decoder.vocab_screen(tiny.config.generation.eot_id) is None
-    monkeypatch.setattr(decoder, "screen_vocabulary", True)
+def test_screen_is_on_by_default_and_screens_greedy_only(tiny, monkeypatch, count_resolves):
+    """The fp32 decoder screens its greedy steps by default once it has decoded ``screen_after_steps`` without the
+    screen (so one short clip never builds it); False on the instance turns it off; the beam search and an int8
+    projection screen only when asked."""
+    decoder = copy.copy(tiny.model.decoder)
+    decoder.plain_steps = 0
+    assert type(decoder).screen_vocabulary is True
     assert type(decoder).screen_beam_vocabulary is False
     assert type(decoder).screen_int8_vocabulary is False
-    assert decoder.vocab_screen(tiny.config.generation.eot_id) is not None
+    gen = tiny.config.generation
+    assert decoder.vocab_screen(gen.eot_id) is None, "no screen before any step"
+    torch.manual_seed(3)
+    with torch.no_grad():
+        cross = decoder.cross_kv(tiny.model.encode_offline(torch.randn(1, 3000, 80))[0])
+        long_task = _tasks([gen.sot_id, 50259, gen.transcribe_id], False, 1, max_new=decoder.screen_after_steps)[0]
+        long_task.suppress = (*gen.suppress_tokens, gen.eot_id)  # runs its whole length
+        search_windows(decoder, cross[0], cross[1], [long_task], gen)
+        assert not count_resolves, "the first steps take the full product"
+        assert decoder.vocab_screen(gen.eot_id) is not None
+        tasks = _tasks([gen.sot_id, 50259, gen.transcribe_id], True, 1, max_new=10)
+        search_windows(decoder, cross[0], cross[1], tasks, gen)
+        assert count_resolves, "a default greedy search screened its steps"
+        count_resolves.clear()
+        search_windows(decoder, cross[0], cross[1], _tasks(tasks[0].prompt, True, 1, beam=2, max_new=10), gen)
+        assert not count_resolves, "the beam search does not screen by default"
+        monkeypatch.setattr(decoder, "screen_vocabulary", False)
+        assert decoder.vocab_screen(gen.eot_id) is None
+        search_windows(decoder, cross[0], cross[1], tasks, gen)
+    assert not count_resolves
 
 
 @pytest.fixture
@@ -243,6 +266,7 @@ def test_tiny_en_screened_greedy_logprobs_are_exact(tiny_en_strategy, beckett, s
 def _decode(strategy, clips, options, screened: bool, monkeypatch):
     decoder = strategy.ctx.model.decoder
     monkeypatch.setattr(decoder, "screen_vocabulary", screened, raising=False)
+    monkeypatch.setattr(decoder, "screen_after_steps", 0, raising=False)
     monkeypatch.setattr(decoder, "screen_beam_vocabulary", screened, raising=False)
     out = []
     for clip in clips:
@@ -311,3 +335,88 @@ def test_int8_model_screen_decides_on_the_fp32_table(tiny_en):
             assert torch.equal(screened.logits.topk(6).indices, exact.topk(6).indices)
             assert torch.allclose(screened.logits.topk(6).values, exact.topk(6).values, atol=1e-4)
     assert int8_wrong >= 1, "the int8 product ranks every row right: nothing is tested"
+
+
+def _resolve_both(screen: VocabScreen, h: torch.Tensor, mask: torch.Tensor, monkeypatch):
+    """One row resolved by the ``screen_resolve_row`` kernel and by the torch ops (the slot empty): results and the
+    logits each leaves, from the same screened and masked row."""
+    from oasr.layers import _backend
+
+    out = []
+    for slot in ("kernel", None):
+        screened = screen.project(h)
+        screened.logits.masked_fill_(mask, float("-inf"))
+        with monkeypatch.context() as m:
+            if slot is None:
+                m.setitem(_backend._cache, "screen_resolve_row", None)
+            else:
+                assert _backend.kernel("screen_resolve_row") is not None, "oasr-kernels' resolve is registered"
+            out.append((screen.resolve(screened, 1, torch.tensor([True])), screened.logits.clone()))
+    return out
+
+
+def test_one_row_resolve_kernel_equals_the_torch_path(tiny_en, monkeypatch):
+    """On tiny.en's table: the same return value, the same logits made exact (to float rounding of the dot
+    products) and the rest untouched, over rows at three scales with random masks, a row whose text is all masked,
+    and the fallback when more rows than ``MAX_EXACT`` would need recomputing."""
+    loaded, _ = tiny_en
+    eot = loaded.model.config.generation.eot_id
+    screen = _screen_of(loaded.model, eot)
+    gen = torch.Generator().manual_seed(11)
+    vocab = screen.table.shape[0]
+    recomputed = []
+    for h in _hidden_rows(screen.table.shape[1], seed=3):
+        h = h[:1]
+        mask = torch.rand(1, vocab, generator=gen) < 0.3
+        (got_ok, got), (ref_ok, ref) = _resolve_both(screen, h, mask, monkeypatch)
+        approx = screen.project(h).logits.masked_fill_(mask, float("-inf"))
+        assert got_ok == ref_ok
+        assert torch.equal(torch.isinf(got), torch.isinf(ref))
+        assert torch.equal(got != approx, ref != approx)  # the same logits rewritten
+        finite = ~torch.isinf(ref)
+        scale = float(ref[finite].abs().max())
+        assert float((got - ref)[finite].abs().max()) <= 1e-5 * scale
+        if got_ok:
+            assert int(got[0, :eot].argmax()) == int(ref[0, :eot].argmax())
+            recomputed.append(int(((ref != approx) & finite)[0, :eot].sum()))
+    assert max(recomputed) > 0, "no text logit was recomputed: the candidates were never compared"
+    text_masked = torch.zeros(1, vocab, dtype=torch.bool)
+    text_masked[0, :eot] = True
+    h = _hidden_rows(screen.table.shape[1], seed=4)[0][:1]
+    (got_ok, got), (ref_ok, ref) = _resolve_both(screen, h, text_masked, monkeypatch)
+    assert got_ok and ref_ok and torch.allclose(got, ref, rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(screen_mod, "MAX_EXACT", 0)
+    flat = _hidden_rows(screen.table.shape[1], seed=5)[0][:1] * 1e-3  # a flat row: many candidates
+    (got_ok, _), (ref_ok, _) = _resolve_both(screen, flat, torch.zeros(1, vocab, dtype=torch.bool), monkeypatch)
+    assert got_ok is False and ref_ok is False
+
+
+def test_table_terms_kernel_equals_the_torch_passes(tiny_en, monkeypatch):
+    """The screen's int8 copy and bound terms from oasr-kernels' one pass (``screen_table_terms``) are the torch
+    passes': the same int8 values and scales, bit for bit (an all-zero row, rows whose entries sit half a step off
+    the grid, and tiny.en's table), and the same bound terms to float64 summation order."""
+    from oasr.layers import _backend
+
+    loaded, _ = tiny_en
+    table = loaded.model.decoder.embed_tokens.weight.detach().float()[:6000].clone()
+    table[3] = 0.0  # scale 1, q 0
+    table[4] = torch.arange(384, dtype=torch.float32) - 191.5  # amax 191.5: every entry lands near a half step
+    table[5, :] = 0.5 * 127 / 200  # a constant row: w / scale = 127 exactly
+    assert _backend.kernel("screen_table_terms") is not None, "oasr-kernels' table pass is registered"
+    fast = VocabScreen(table, 5000)
+    with monkeypatch.context() as m:
+        m.setitem(_backend._cache, "screen_table_terms", None)
+        slow = VocabScreen(table, 5000)
+    w = table
+    amax = w.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    q = torch.clamp(torch.round(w / scale[:, None]), -127, 127).to(torch.int8)
+    from oasr_kernels.screen import screen_table_terms
+
+    got_q, got_scale, got_norm, got_err = screen_table_terms(w.contiguous(), 5000, 1 + 1e-6)
+    assert torch.equal(got_q, q) and torch.equal(got_scale, scale)
+    torch.testing.assert_close(fast.w_norm, slow.w_norm, rtol=1e-6, atol=0)
+    torch.testing.assert_close(fast.w_err, slow.w_err, rtol=1e-6, atol=0)
+    assert fast.w_norm.shape == (5000,) and float(fast.w_err.max()) > 0
+    h = torch.randn(2, 384)
+    assert torch.equal(fast.project(h).logits, slow.project(h).logits)  # the same packed int8 table
