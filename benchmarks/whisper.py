@@ -16,6 +16,7 @@ Usage: ``python benchmarks/whisper.py [--repeats 2] [--long-seconds 120] [--skip
 ``--sensitivity`` instead prints int8 token agreement with one group of linears quantized at a time;
 ``--steps N`` the CPU time of one incremental decoder step at one row, OASR vs CTranslate2, and the split of
 OASR's greedy token by category (vocabulary product, rescoring, step linears, attention products, ...);
+``--attn-ab`` adds OASR int8 greedy with the encoder's float32 attention core (the int8 core off);
 ``--screen-ab`` adds OASR fp32 with the int8-screened vocabulary projection off (on by default); ``--rows-ab`` adds OASR
 fp32 and int8 greedy with the few-row decoder paths off (no ``row_linear`` kernel, the vocabulary projection of a
 batched step on MKL's GEMM: the code before them), alternating with the rest; ``--fused-ab`` adds OASR fp32 and int8
@@ -444,6 +445,12 @@ class _WithoutFusedStep(_WithoutRowPaths):
             return self.system.run(clips)
 
 
+def _float_attention(system: Oasr) -> Oasr:
+    for layer in system.strategy.ctx.model.encoder.layers:
+        layer.int8_attention = False  # the int8 encoder's attention core on SDPA (float32), as before the int8 core
+    return system
+
+
 def _unscreened(system: Oasr) -> Oasr:
     system.strategy.ctx.model.decoder.screen_vocabulary = False  # the full fp32 product at every greedy step
     return system
@@ -463,6 +470,8 @@ def main() -> None:
                         help="also OASR fp32 / int8 greedy with the few-row decoder paths off (before/after)")
     parser.add_argument("--fused-ab", action="store_true",
                         help="also OASR fp32 / int8 greedy with the fused decoder step off (before/after)")
+    parser.add_argument("--attn-ab", action="store_true",
+                        help="also OASR int8 greedy with the encoder's float32 attention core (SDPA)")
     parser.add_argument("--screen-ab", action="store_true",
                         help="also OASR fp32 with the int8-screened vocabulary projection off (on by default)")
     parser.add_argument("--sensitivity", action="store_true",
@@ -498,6 +507,8 @@ def main() -> None:
         for precision in ("fp32", "int8"):
             factories[f"oasr {precision} greedy without-fused-step"] = (
                 lambda q=precision == "int8": _WithoutFusedStep(Oasr(model_dir, q, "greedy", 16)))
+    if args.attn_ab:
+        factories["oasr int8 greedy fp32-attention"] = lambda: _float_attention(Oasr(model_dir, True, "greedy", 16))
     if args.screen_ab:
         for mode in ("greedy", "defaults"):
             factories[f"oasr fp32 {mode} unscreened"] = lambda m=mode: _unscreened(Oasr(model_dir, False, m, 16))
