@@ -31,26 +31,14 @@ import numba
 import numpy as np
 import torch
 import torch.nn.functional as F
-from llvmlite import ir
-from numba import types
-from numba.extending import intrinsic
+
+from oasr_kernels.decoder_rows import _int32_bits_to_float32
 
 _FAST = {"reassoc", "contract", "nsz", "arcp"}
 _OPTS = dict(cache=True, fastmath=_FAST, boundscheck=False, nogil=True)
 _LOG2E = 1.4426950408889634
 #: query rows per block: the (frames, rows) int32 scores and int8 weights stay in the L2 cache
 BLOCK_ROWS = 128
-
-
-@intrinsic
-def _int32_bits_to_float32(typingctx, bits):  # pragma: no cover - compiled
-    if bits != types.int32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-
-    return types.float32(types.int32), codegen
 
 
 @numba.njit(inline="always", **_OPTS)
