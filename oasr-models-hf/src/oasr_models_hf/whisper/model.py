@@ -45,6 +45,7 @@ from oasr.layers import (
 from oasr.layers import rows as row_kernel
 from oasr.layers._backend import kernel
 from oasr.layers.derived import derived, row_major
+from oasr.layers.quant import int8_linear_group
 from oasr.layers.rows import few_rows, row_linear, row_product
 from oasr.models.base import BaseAsrModel
 from oasr.models.specs import LoadReport, QuantLayout, SmoothGroup
@@ -122,6 +123,18 @@ def _group_size(rows: torch.Tensor, entries: int) -> int | None:
     g = b // entries
     expected = torch.arange(entries, device=rows.device).repeat_interleave(g)
     return g if torch.equal(rows, expected) else None
+
+
+def _kv_projection(pair: tuple[Linear, Linear], enc_out: torch.Tensor):
+    """One window's (S, D) -> (S, 2D) k and v as one GEMM, where the CPU fast path applies to ``enc_out``
+    (N, S, D): both linears fp32 (prepacked) or both int8 (one fbgemm GEMM); else None."""
+    if enc_out.dim() != 3 or not packed.fusable((), enc_out, min_rows=1) or enc_out.shape[1] < packed.MIN_ROWS:
+        return None
+    if packed.fusable(pair, enc_out):
+        return lambda rows: packed.linear_group(pair, rows)
+    if all(getattr(lin, "_int8", None) is not None for lin in pair):
+        return lambda rows: int8_linear_group(pair, rows)
+    return None
 
 
 class WhisperDecoder(nn.Module):
@@ -235,20 +248,32 @@ class WhisperDecoder(nn.Module):
 
     def cross_kv(self, enc_out: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Cross-attention keys (N, H, Dh, S), already transposed for the score product, and values
-        (N, H, S, Dh) of every layer for encoder output (N, S, D): computed once per request."""
+        (N, H, S, Dh) of every layer for encoder output (N, S, D): computed once per request.
+
+        On the CPU fast path each window's k and v are one GEMM (prepacked fp32, or int8 with one per-row
+        scaling pass, so a window's rounding depends on its own frames), written straight into the two
+        layouts: no batch-sized concatenation or transposed copy."""
         ks, vs = [], []
-        block = enc_out.shape[1] if enc_out.dim() == 3 else packed.BLOCK_ROWS  # one block per window
         for layer in self.layers:
             attn = layer.encoder_attn
             pair = (getattr(attn, attn.names[1]), getattr(attn, attn.names[2]))
-            if packed.fusable(pair, enc_out):  # k and v as one prepacked GEMM
-                kv = packed.blocked(lambda rows, pair=pair: packed.linear_group(pair, rows), enc_out,
-                                    block_rows=block)
-                k, v = (split_heads(t, attn.n_heads) for t in kv.chunk(2, dim=-1))
-            else:
+            project = _kv_projection(pair, enc_out)
+            if project is None:
                 k, v = attn.project(enc_out, 1), attn.project(enc_out, 2)
-            ks.append(k.transpose(-1, -2).contiguous())
-            vs.append(v.contiguous())
+                ks.append(k.transpose(-1, -2).contiguous())
+                vs.append(v.contiguous())
+                continue
+            n, frames, _ = enc_out.shape
+            heads = attn.n_heads
+            dh = pair[0].out_features // heads
+            k_t = enc_out.new_empty(n, heads, dh, frames)
+            v = enc_out.new_empty(n, heads, frames, dh)
+            for i in range(n):
+                k_i, v_i = project(enc_out[i]).view(frames, 2, heads, dh).unbind(1)
+                k_t[i].copy_(k_i.permute(1, 2, 0))
+                v[i].copy_(v_i.transpose(0, 1))
+            ks.append(k_t)
+            vs.append(v)
         return ks, vs
 
     # -- the shared layer computation -------------------------------------------------------------------

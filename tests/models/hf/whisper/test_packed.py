@@ -116,6 +116,40 @@ def test_cross_kv_packed_equals_the_projections(tiny, packed_calls):
     assert ks[0].is_contiguous() and vs[0].is_contiguous()
 
 
+def test_cross_kv_int8_is_one_group_gemm_per_window_and_equals_the_projections(tiny, monkeypatch):
+    """int8 k/v run as one int8 group GEMM per window (k and v together), with the per-linear int8 projections'
+    numbers, written into the transposed-key and value layouts; a window's K/V do not depend on its batch mates."""
+    from oasr.layers.quant import quantize_model_int8
+    from oasr_models_hf.whisper import model as whisper_model
+
+    model = copy.deepcopy(tiny.model)
+    quantize_model_int8(model, model.quantization_layout())
+    decoder = model.decoder
+    groups: list[tuple[int, tuple[torch.nn.Module, ...]]] = []
+    real = whisper_model.int8_linear_group
+
+    def spy(linears, x):
+        groups.append((x.shape[0], tuple(linears)))
+        return real(linears, x)
+
+    monkeypatch.setattr(whisper_model, "int8_linear_group", spy)
+    torch.manual_seed(2)
+    enc = torch.randn(3, 1500, decoder.embed_tokens.weight.shape[1])
+    with torch.no_grad():
+        ks, vs = decoder.cross_kv(enc)
+        alone_k, alone_v = decoder.cross_kv(enc[1:2])
+        attn = decoder.layers[0].encoder_attn
+        assert attn.k_proj._int8 is not None and attn.v_proj._int8 is not None
+        assert groups.count((1500, (attn.k_proj, attn.v_proj))) == 3 + 1  # one per window
+        k_ref = attn.project(enc, 1).transpose(-1, -2)
+        v_ref = attn.project(enc, 2)
+    _close(ks[0], k_ref, 1e-6)
+    _close(vs[0], v_ref, 1e-6)
+    assert all(k.is_contiguous() and v.is_contiguous() for k, v in zip(ks, vs, strict=True))
+    assert all(torch.equal(k[1:2], a) and torch.equal(v[1:2], b)
+               for k, v, a, b in zip(ks, vs, alone_k, alone_v, strict=True))
+
+
 @pytest.mark.parametrize("path", ["fused layer", "row kernel", "packed"])
 def test_decoder_steps_fused_row_kernel_or_packed_equal_transformers(tiny, hf_model, mel, packed_calls, row_kernel_calls,
                                                                      fused_step_calls, monkeypatch, path):
