@@ -36,9 +36,9 @@ def row_kernel_calls(monkeypatch):
     real = _backend.kernel("row_linear")
     assert real is not None, "oasr-kernels registers row_linear"
 
-    def spy(x, weight, bias=None, residual=None, scale=None):
+    def spy(x, weight, bias=None, residual=None, scale=None, steps=None):
         calls.append((x.shape[0], tuple(weight.shape), scale is not None))
-        return real(x, weight, bias, residual, scale)
+        return real(x, weight, bias, residual, scale, steps)
 
     monkeypatch.setitem(_backend._cache, "row_linear", spy)
     return calls

@@ -1,5 +1,5 @@
 """The few-row linear seam (oasr.layers.rows) and oasr-kernels' ``row_linear`` kernel behind it: the reference's
-numbers (float32: up to summation order; int8: the dequantized weights exactly, the activations unrounded), taken
+numbers (float32: up to summation order; int8: the dequantized weights exactly, the activations on a 16-bit grid), taken
 where it should be and nowhere else."""
 
 from __future__ import annotations
@@ -45,22 +45,47 @@ def test_activation_and_leading_dims(row_kernel_calls):
     assert (got - ref).abs().max() <= 1e-5 * float(ref.abs().max())
 
 
-def test_int8_rows_are_weight_only(row_kernel_calls):
-    """An int8 linear at a few rows: its int8 weights times their scales against the float32 activations, exactly
-    (what fbgemm's dynamic GEMM approximates further by rounding the activations to 8 bits)."""
-    lin = _linear(384, 1536)
+@pytest.mark.parametrize("n_in", [384, 1536])
+def test_int8_rows_are_weight_only(row_kernel_calls, n_in):
+    """An int8 linear at a few rows: its int8 weights times their scales against the activations on a 16-bit grid
+    of each row's absolute maximum, within that grid's rounding bound (fbgemm's dynamic GEMM rounds them to 8 bits)."""
+    lin = _linear(n_in, 1536)
     fp32_weight = lin.weight.detach().clone()
     quantize_model_int8(torch.nn.Sequential(lin))
-    x = torch.randn(rows.MAX_INT8_ROWS, 384)
+    x = torch.randn(rows.MAX_INT8_ROWS, n_in)
+    x[3] = 0.0  # an all-zero row: exactly the bias
     with torch.no_grad():
         fbgemm = lin(x)
         with torch.inference_mode():
             got = rows.row_linear(lin, x)
-    assert row_kernel_calls == [(rows.MAX_INT8_ROWS, (1536, 384), True)]
-    dequantized = F.linear(x, lin.weight.float() * lin.weight_scale[:, None], lin.bias).detach()
-    assert (got - dequantized).abs().max() <= 1e-5 * float(dequantized.abs().max())
+    assert row_kernel_calls == [(rows.MAX_INT8_ROWS, (1536, n_in), True)]
+    weight = (lin.weight.double() * lin.weight_scale.double()[:, None]).detach()
+    dequantized = F.linear(x.double(), weight, lin.bias.double()).detach()
+    # grid: the largest step int32 sums of n_in int16 x int8 products allow; half a step off per activation
+    levels = min(32767, (2**31 - 1) // (127 * n_in))
+    half_step = x.double().abs().amax(dim=1, keepdim=True) / (2 * levels)
+    bound = half_step * weight.abs().sum(dim=1) + 1e-6 * dequantized.abs().max()
+    assert ((got.double() - dequantized).abs() <= bound).all()
+    assert torch.equal(got[3], lin.bias.detach())
+    assert (got.double() - dequantized).abs().max() > 0  # the activations are rounded: not the float32 loop
     fp32 = F.linear(x, fp32_weight, lin.bias)
     assert (got - fp32).abs().max() < (fbgemm - fp32).abs().max()
+
+
+def test_int8_rows_carry_non_finite_inputs_as_torch_does(row_kernel_calls):
+    """A row holding inf or nan has no 16-bit grid: the call takes the float32 loop, whose outputs are non-finite
+    (nan where torch has nan), not an integer conversion's garbage."""
+    lin = _linear(64, 32)
+    quantize_model_int8(torch.nn.Sequential(lin))
+    x = torch.randn(2, 64)
+    x[0, 5] = float("inf")
+    x[1, 7] = float("nan")
+    with torch.inference_mode():
+        got = rows.row_linear(lin, x)
+        ref = F.linear(x, lin.weight.float() * lin.weight_scale[:, None], lin.bias)
+    assert row_kernel_calls == [(2, (32, 64), True)]
+    assert not torch.isfinite(ref).any() and torch.isnan(ref[1]).all()
+    assert not torch.isfinite(got).any() and torch.isnan(got[1]).all()
 
 
 def test_reference_path_where_the_kernel_does_not_apply(row_kernel_calls, monkeypatch):

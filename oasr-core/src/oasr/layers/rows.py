@@ -8,10 +8,10 @@ one AVX-512 thread (docs/benchmarks.md § Whisper), with the bias and a residual
 :func:`row_linear` takes that kernel where it computes what the reference computes up to float rounding:
 CPU float32 inference (no autograd, not tracing), a float32 :class:`~oasr.layers.Linear` at most ``max_rows``
 (:data:`MAX_ROWS`) rows, ``OASR_KERNELS`` not switched off and the kernel registered.  An int8 linear
-(:mod:`oasr.layers.quant`) at up to :data:`MAX_INT8_ROWS` rows takes it too, weight-only: its int8 weights
-times their per-row scales against the float32 activations, which is closer to the float32 linear than
-fbgemm's dynamic GEMM (which also rounds the activations to 8 bits) and faster at these rows.  Everywhere
-else it runs the module itself (and the add).
+(:mod:`oasr.layers.quant`) at up to :data:`MAX_INT8_ROWS` rows takes it too: its int8 weights times their
+per-row scales against the activations rounded to a 16-bit grid of each row's absolute maximum (in effect
+weight-only), which is closer to the float32 linear than fbgemm's dynamic GEMM (which rounds the activations to
+8 bits) and faster at these rows.  Everywhere else it runs the module itself (and the add).
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from oasr.layers.linear import Linear, LinearActivation
 #: the most rows the kernel takes a float32 linear at by default: from ~8 rows on MKL's blocked GEMM is faster
 #: on a hot weight
 MAX_ROWS = 4
-#: ... and an int8 linear at (weight-only: the activations stay float32): up to 16 rows it is faster than
-#: fbgemm's dynamic int8 GEMM on a decoder step's 384 x 384 to 1536 x 384 weights
-MAX_INT8_ROWS = 16
+#: ... and an int8 linear at (16-bit activations): up to 4 rows it is faster than fbgemm's dynamic int8 GEMM on a
+#: decoder step's 384 x 384 to 1536 x 384 weights (20-36 against 28-38 us at one row, 33-88 against 46-62 us at
+#: four on one AVX-512 VNNI core, hot); from 8 rows on fbgemm is
+MAX_INT8_ROWS = 4
 
 
 def few_rows(x: torch.Tensor, max_rows: int | None = None) -> bool:

@@ -64,7 +64,8 @@ _PACKED_MIN_ROWS = 2
 #: the most rows a vocabulary projection takes the ``row_linear`` kernel at (2.7x MKL's GEMM at 8 rows on the
 #: 51,864 x 384 table, one AVX-512 thread; the step's other linears take it up to ``rows.MAX_ROWS``)
 _ROW_VOCAB_MAX = 8
-#: ... and an int8 vocabulary projection (weight-only); from 4 rows on fbgemm's int8 GEMM is faster on that table
+#: ... and an int8 vocabulary projection (16-bit activations); from 4 rows on fbgemm's int8 GEMM is faster on that
+#: table
 _ROW_INT8_VOCAB_MAX = 2
 
 
@@ -189,7 +190,7 @@ class WhisperDecoder(nn.Module):
         again exactly from the floating-point token embedding (the tied weight), so the tokens
         decoding picks come from full-precision scores while the other 51k logits (the softmax
         normalizer) keep the int8 product's speed (at up to ``_ROW_INT8_VOCAB_MAX`` rows the row kernel's
-        weight-only product, float32 activations; above it fbgemm's dynamic int8 GEMM).
+        product over activations on a 16-bit grid; above it fbgemm's dynamic int8 GEMM).
         """
         if self.proj_out._int8 is None:
             out = row_product(hidden, self.proj_out.weight, max_rows=_ROW_VOCAB_MAX)
@@ -202,8 +203,8 @@ class WhisperDecoder(nn.Module):
                 # 2x MKL's on the 51,864 x 384 table at 16 rows (one AVX-512 thread)
                 return packed.blocked(lambda rows: packed.linear(self.proj_out, rows, min_rows=1), hidden, few=True)
             return self.proj_out(hidden)
-        # one or two rows: weight-only through the row kernel (float32 activations, 0.96 vs 1.28 ms at one row on the
-        # 51,864 x 384 table); more rows: fbgemm's dynamic int8 GEMM (its VNNI product is faster there)
+        # one or two rows: the row kernel (activations on a 16-bit grid, int16 x int8 products; 0.93 against fbgemm's
+        # 1.5 ms at one row on the 51,864 x 384 table read cold); more rows: fbgemm's dynamic int8 GEMM (faster there)
         logits = row_linear(self.proj_out, hidden, max_rows=_ROW_INT8_VOCAB_MAX)
         if not RESCORED_TOP or not self._tied_fp_table():
             return logits
@@ -296,7 +297,7 @@ class WhisperDecoder(nn.Module):
 
     def _row_limit(self) -> int:
         """The most rows a step takes the row kernel at: ``rows.MAX_INT8_ROWS`` when every step linear is int8
-        (weight-only there, faster than fbgemm up to that), else ``rows.MAX_ROWS``."""
+        (16-bit activations there, faster than fbgemm up to that), else ``rows.MAX_ROWS``."""
         int8 = all(lin._int8 is not None for lin in self._step_linears(self.layers[0]))
         return row_kernel.MAX_INT8_ROWS if int8 else row_kernel.MAX_ROWS
 

@@ -1,8 +1,9 @@
 """An int8 screen of Whisper's vocabulary projection whose token decisions are the fp32 decisions.
 
 One decode step reads the whole (V, D) vocabulary table (tiny.en: 51,864 x 384, 80 MB at fp32, most of
-a step's bytes).  :class:`VocabScreen` reads an int8 copy instead (20 MB, fbgemm's dynamic int8 GEMM)
-and bounds the error of every approximate logit rigorously; the logits that can still win are then
+a step's bytes).  :class:`VocabScreen` reads an int8 copy instead (20 MB: at one or two rows the ``row_linear``
+kernel's int16 x int8 product, more rows fbgemm's dynamic int8 GEMM) and bounds the error of every approximate
+logit rigorously; the logits that can still win are then
 computed again from the fp32 table (a gather of the few rows whose upper bound reaches the decision
 threshold), and so are every id from end-of-text on (the specials and the timestamps, which the
 timestamp rule sums over).
@@ -56,6 +57,15 @@ MAX_EXACT = 2048
 _U = 2.0**-24  # fp32 unit roundoff
 #: fbgemm's quantization of an activation: round-to-nearest on its grid, plus its float slop
 _HALF_STEP = 0.5 * (1 + 1e-4)
+#: below this half step fbgemm widens the activation range itself: its grid is no longer the one assumed
+_FBGEMM_MIN_HALF_STEP = 1e-4
+#: the most rows the screened product takes the ``row_linear`` kernel at: at one row 0.93 against fbgemm's 1.5 ms
+#: on tiny.en's table read cold (1.35 against 1.66 ms at two), from four rows on fbgemm is faster (one AVX-512
+#: VNNI core; docs/benchmarks.md, session 13)
+ROW_KERNEL_MAX = 2
+#: the row kernel's rounding of an activation: half its grid step, plus float32 slop below 4 % of a step (its
+#: ``step`` contract), with margin
+_ROW_HALF_STEP = 0.55
 
 
 def _fbgemm() -> bool:
@@ -90,12 +100,13 @@ class Screened:
 
     logits: torch.Tensor
     hidden: torch.Tensor
-    half_step: float  # half the step of the activation grid fbgemm used for the whole block
+    half_step: float  # half the step of the activation grid the product used (the block's, or its widest row's)
     h_norm: torch.Tensor  # (n,) upper bounds of ||h^||_1
+    min_half_step: float = _FBGEMM_MIN_HALF_STEP  # a smaller half step: the grid is not the one assumed
 
     def take(self, index: list[int]) -> Screened:
         i = torch.tensor(index, device=self.logits.device)
-        return Screened(self.logits[i], self.hidden[i], self.half_step, self.h_norm[i])
+        return Screened(self.logits[i], self.hidden[i], self.half_step, self.h_norm[i], self.min_half_step)
 
 
 class VocabScreen:
@@ -123,7 +134,8 @@ class VocabScreen:
                 scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
                 q = torch.clamp(torch.round(w / scale[:, None]), -127, 127).to(torch.int8)
             self.w_norm, self.w_err = self._bound_terms(w, q, scale, exact_from, slack)
-        self.packed = _pack(q.contiguous(), scale.float())
+        self.q, self.scale = q.contiguous(), scale.float().contiguous()
+        self._packed = None  # fbgemm's pack of (q, scale): built for the first block of more rows
         self.w_norm_max, self.w_err_max = float(self.w_norm.max()), float(self.w_err.max())
         self._cols = np.empty(exact_from, np.int64)  # the one-row resolve kernel's scratch (candidate ids)
 
@@ -148,14 +160,27 @@ class VocabScreen:
                 return cls(table, exact_from, q, scale, reduce_range)
         return None
 
+    @property
+    def packed(self):
+        """fbgemm's packed int8 table."""
+        if self._packed is None:
+            self._packed = _pack(self.q, self.scale)
+        return self._packed
+
     def project(self, hidden: torch.Tensor) -> Screened:
         """The approximate logits of ``hidden`` (n, D) and their per-row bound terms."""
         h = hidden.detach().float().contiguous()
-        logits = torch.ops.quantized.linear_dynamic(h, self.packed, self.reduce_range)
-        lo, hi = (float(v) for v in h.aminmax())
-        half = (max(hi, 0.0) - min(lo, 0.0)) / self.qmax * _HALF_STEP
+        fn = kernel("row_linear") if h.shape[0] <= ROW_KERNEL_MAX and h.is_cpu else None
+        if fn is not None:
+            steps = np.empty(h.shape[0], np.float32)
+            logits = fn(h, self.q, None, None, self.scale, steps)
+            half, floor = float(steps.max()) * _ROW_HALF_STEP, float(np.finfo(np.float32).tiny)
+        else:
+            logits = torch.ops.quantized.linear_dynamic(h, self.packed, self.reduce_range)
+            lo, hi = (float(v) for v in h.aminmax())
+            half, floor = (max(hi, 0.0) - min(lo, 0.0)) / self.qmax * _HALF_STEP, _FBGEMM_MIN_HALF_STEP
         h_norm = torch.linalg.vector_norm(h, 1, dim=1).mul_(1 + 1e-6).add_(half * h.shape[1])
-        return Screened(logits, h, half, h_norm)
+        return Screened(logits, h, half, h_norm, floor)
 
     def _radius(self, screened: Screened, cols: torch.Tensor | None = None) -> torch.Tensor:
         """The error bound (n, len(cols)) of the approximate text logits at ``cols`` (default: all)."""
@@ -169,8 +194,8 @@ class VocabScreen:
         is the least lower bound among the k best approximate text logits).  Returns False, leaving
         the logits partly updated, when too many rows would need recomputing."""
         logits, h, cut = screened.logits, screened.hidden, self.exact_from
-        if screened.half_step < 1e-4 or cut >= logits.shape[1]:
-            return False  # fbgemm widens a tiny activation range: its grid is no longer the one assumed
+        if not screened.min_half_step <= screened.half_step < float("inf") or cut >= logits.shape[1]:
+            return False  # a grid other than the one assumed (fbgemm widens a tiny range), an all-zero or non-finite row
         fn = kernel("screen_resolve_row") if k == 1 and logits.shape[0] == 1 else None
         if fn is not None and logits.is_contiguous() and h.is_contiguous() and logits.dtype == torch.float32:
             # one greedy row: the same candidates and values in two passes (oasr-kernels), not a dozen torch ops

@@ -91,6 +91,33 @@ def test_fbgemm_int32_sums_are_exact_on_the_path_used(tiny):
     assert accumulates_exactly(True, screen.table.shape[1])  # 7-bit activations never saturate
 
 
+
+def test_few_rows_take_the_row_kernel_with_its_own_grid(tiny_en, row_kernel_calls):
+    """One or two rows: the ``row_linear`` kernel's int8 product, its bound built from the kernel's own 16-bit row
+    grids (far tighter than fbgemm's 8-bit block grid), and it holds; more rows: fbgemm."""
+    loaded, _ = tiny_en
+    screen = _screen_of(loaded.model, loaded.model.config.generation.eot_id)
+    cut, dim = screen.exact_from, screen.table.shape[1]
+    gen = torch.Generator().manual_seed(5)
+    for rows in (1, screen_mod.ROW_KERNEL_MAX):
+        h = torch.randn(rows, dim, generator=gen)
+        h[:, :3] *= 20  # outlier channels: fbgemm's block grid is coarse on the others
+        row_kernel_calls.clear()
+        screened = screen.project(h)
+        assert row_kernel_calls == [(rows, tuple(screen.q.shape), True)]
+        fbgemm = screen_mod.Screened(torch.ops.quantized.linear_dynamic(h, screen.packed, screen.reduce_range), h,
+                                     0.0, screened.h_norm)
+        assert screened.half_step <= float(h.abs().amax()) / 2**14  # the 16-bit grid, not 8 bits of the range
+        real = h.double() @ screen.table[:cut].double().t()
+        err = (real - screened.logits[:, :cut].double()).abs()
+        assert bool((err <= screen._radius(screened).double()).all())
+        assert float(err.max()) < float((real - fbgemm.logits[:, :cut].double()).abs().max())
+        assert screen.resolve(screened, 1)
+        assert torch.equal(screened.logits[:, :cut].argmax(1), real.argmax(1))
+    row_kernel_calls.clear()
+    screen.project(torch.randn(screen_mod.ROW_KERNEL_MAX + 1, dim))
+    assert row_kernel_calls == []
+
 def _adversarial(dim: int = 64, text: int = 32, tail: int = 4):
     """A table whose row 0 rounds to int8 0.49 steps short on every entry, all against ``h``, so the
     int8 product ranks row 1 (on the grid, truly a little lower) above it; the other rows are far lower."""
@@ -248,7 +275,11 @@ def test_tiny_random_screened_greedy_equals_plain(tiny, chirp_features, count_re
 
 @pytest.mark.parametrize("timestamps", [True, False])
 def test_tiny_en_screened_greedy_logprobs_are_exact(tiny_en_strategy, beckett, sample_wav, normalizer_gaps,
-                                                    timestamps):
+                                                    timestamps, monkeypatch):
+    # two rows would take the row kernel, whose 16-bit product puts the normalizer only ~5e-6 per token off: under
+    # this check's float tolerance, so the teeth come from fbgemm's 8-bit product (the deferred exact product does
+    # not depend on which int8 product screened)
+    monkeypatch.setattr(screen_mod, "ROW_KERNEL_MAX", 0)
     strategy = tiny_en_strategy
     model, gen = strategy.ctx.model, strategy.gen
     prompt = [gen.sot_id] + ([] if timestamps else [gen.no_timestamps_id])
