@@ -19,6 +19,7 @@ def oasr_register_kernels(register) -> None:
     register("screen_resolve_row", "oasr_kernels.screen:screen_resolve_row")
     register("screen_table_terms", "oasr_kernels.screen:screen_table_terms")
     register("int8_attention", "oasr_kernels.attention:int8_attention")
+    register("int8_linear", "oasr_kernels.int8_linear:int8_linear")
     register("ctc_prefix_beam_state", "oasr_kernels.ctc:PrefixBeamState")
     register("stft_mel@cuda", "oasr_kernels.cuda.features:stft_mel")
     register("ctc_greedy_search@cuda", "oasr_kernels.cuda.ctc:ctc_greedy_search")

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from oasr.errors import CheckpointFormatError
+from oasr.layers._backend import kernel
 from oasr.layers.derived import derived, forget
 from oasr.layers.linear import Linear
 
@@ -159,14 +160,62 @@ def int8_linear_group(linears, x: torch.Tensor) -> torch.Tensor:
     return out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)
 
 
+def _quantized_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight`` (out, in) as per-output-channel symmetric int8 and its float32 scales (round to nearest)."""
+    w = weight.detach().float()
+    amax = w.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    return torch.clamp(torch.round(w / scale[:, None]), -127, 127).to(torch.int8), scale.float()
+
+
+def _block_weights(linears: tuple[Linear, ...]) -> tuple[torch.Tensor, ...]:
+    """The ``int8_linear`` kernel's operands for ``linears`` sharing one input: ``cat`` of their int8 weights (a float
+    linear's quantized per output channel here, on first use), scales, the weights' row sums (int32) and biases; kept
+    on the first linear and rebuilt when any member's tensors change."""
+
+    def build():
+        parts = [(lin.weight, lin.weight_scale) if lin._int8 is not None else _quantized_rows(lin.weight)
+                 for lin in linears]
+        weight = parts[0][0].contiguous() if len(parts) == 1 else torch.cat([q for q, _ in parts])  # one: no copy
+        bias = None
+        if any(lin.bias is not None for lin in linears):
+            bias = torch.cat([lin.bias.detach().float() if lin.bias is not None
+                              else lin.weight.new_zeros(lin.out_features, dtype=torch.float32) for lin in linears])
+        return weight, torch.cat([s for _, s in parts]).float().contiguous(), weight.sum(1, dtype=torch.int32), bias
+
+    return derived(linears[0], ("int8_block", *(id(lin) for lin in linears)),
+                   [t for lin in linears for t in (lin.weight, getattr(lin, "weight_scale", None), lin.bias)], build,
+                   differentiable=False)
+
+
+def int8_block(linears, x: torch.Tensor, *, residual: torch.Tensor | None = None, planes: int = 1,
+               activation: str = "none") -> torch.Tensor | None:
+    """``cat([lin(x) for lin in linears], -1)`` (+ ``residual``) for a block of rows through the ``int8_linear`` kernel
+    (oasr-kernels: one oneDNN int8 GEMM between a quantizing and a dequantizing numba pass), or None where it does not
+    apply (no kernel or no CPU ``torch._int_mm``, autograd, not CPU float32, fewer than 17 rows, widths not multiples
+    of 8, a machine without VNNI).  ``planes`` 1: int8 linears, the activations on fbgemm's dynamic grid (the numbers
+    of :class:`Int8Weight`'s block path up to float rounding); 2: the activations as two int8 planes of each row
+    (~15 bits), the weights int8 (a float linear's quantized per output channel on first use).  ``activation``: "gelu"
+    (exact GELU in the epilogue, one plane, before the residual) where the kernel offers it, else None."""
+    linears = tuple(linears)
+    fn = kernel("int8_linear")
+    rows = x.numel() // x.shape[-1] if x.dim() >= 2 else 0
+    if (fn is None or not x.is_cpu or x.dtype != torch.float32 or torch.is_grad_enabled() or rows <= 16
+            or x.shape[-1] % 8 or sum(lin.out_features for lin in linears) % 8 or not _vnni()
+            or (planes == 1 and not all(lin._int8 is not None for lin in linears))):
+        return None
+    weight, scale, sums, bias = _block_weights(linears)
+    flat = x.reshape(rows, x.shape[-1]).contiguous()
+    res = None if residual is None else residual.reshape(rows, -1).float().contiguous()
+    out = fn(flat, weight, scale, sums, bias, res, planes, activation)
+    return None if out is None else out.view(*x.shape[:-1], out.shape[-1])
+
+
 def _int8_storage(linear: Linear, weight: torch.Tensor | None) -> None:
     """Give ``linear`` int8 ``weight`` / fp32 ``weight_scale`` buffers (from ``weight`` if given)."""
     out_f, in_f = linear.out_features, linear.in_features
     if weight is not None:
-        w = weight.detach().float()
-        amax = w.abs().amax(dim=1)
-        scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
-        q = torch.clamp(torch.round(w / scale[:, None]), -127, 127).to(torch.int8)
+        q, scale = _quantized_rows(weight)
     else:
         device = linear.weight.device
         q = torch.zeros(out_f, in_f, dtype=torch.int8, device=device)

@@ -7,7 +7,8 @@ linears run as prepacked oneDNN GEMMs with their bias, exact GELU and residual a
 GEMM block per 30 s window (every window runs the same shapes); the convolutions carry their GELU in
 oneDNN's epilogue.  The attention core is torch's SDPA (no mask: its flash kernel, measured 2x faster
 than an in-place scores/softmax core at 1500 frames); an int8 layer's is the ``int8_attention`` kernel
-where oasr-kernels provides it (:attr:`WhisperEncoderLayer.int8_attention`).  Everywhere else the
+where oasr-kernels provides it (:attr:`WhisperEncoderLayer.int8_attention`), and its linears the
+``int8_linear`` kernel's int8 GEMMs.  Everywhere else the
 reference ops run.
 """
 
@@ -31,7 +32,7 @@ from oasr.layers import (
     split_heads,
 )
 from oasr.layers._backend import kernel
-from oasr.layers.quant import int8_linear_group
+from oasr.layers.quant import int8_block, int8_linear_group
 from oasr.models.base import BaseEncoder
 from oasr_models_hf.whisper.config import WhisperConfig
 
@@ -54,6 +55,12 @@ class WhisperEncoderLayer(nn.Module):
     #: attention core"): the short set's WER 19.8 -> 19.5 % (fp32: 19.5 %), token agreement with fp32 98.4 ->
     #: 97.8 %; the long recording 14.7 -> 14.4 %, 94.7 -> 94.5 %
     int8_attention = True
+    #: an int8 layer's ``fc2`` (a float linear in the quantization layout: its GELU input has outlier channels) on
+    #: the ``int8_linear`` kernel too, its activations as two int8 planes (~15 bits) and its weights int8 per output
+    #: channel; False: the float32 GEMM.  Measured on tiny.en (docs/benchmarks.md, session 13): the int8 encoder
+    #: ~9 % faster per window, but token agreement with fp32 98.0 -> 95.4 % on the benchmark's 34 clips (the weights'
+    #: rounding: fc2's weights kept as two planes too cost a third GEMM and measured no faster than float32), so off
+    int8_fc2 = False
 
     def __init__(self, d_model: int, heads: int, ffn_dim: int):
         super().__init__()
@@ -67,10 +74,13 @@ class WhisperEncoderLayer(nn.Module):
         """Pre-norm self-attention then MLP, each with its residual.  On the CPU fast path
         (:mod:`oasr.layers.packed`: fp32 linears, inference) q/k/v run as one prepacked GEMM, fc1's
         exact GELU and the residual adds of ``out_proj`` and ``fc2`` are GEMM epilogues, over blocks of
-        ``block_rows`` frames.  With int8 q/k/v (:func:`oasr.layers.quant.int8_linear_group`) they run as
-        one fbgemm GEMM per block with one per-row scaling pass, and the others on their own precision's
-        path (an int8 linear's output takes its GELU / residual add in place, an fp32 one the packed
-        epilogue), so a full window's int8 rounding depends on that window's frames only.  Otherwise
+        ``block_rows`` frames.  With int8 q/k/v they run as one int8 GEMM per block: the ``int8_linear``
+        kernel (:func:`oasr.layers.quant.int8_block`: quantization, oneDNN's int8 GEMM, and dequantization with
+        the bias and residual in numba passes), as are out_proj (its residual in the epilogue) and fc1 (GELU in
+        the epilogue); without the kernel fbgemm (:func:`oasr.layers.quant.int8_linear_group`, the int8 hooks), the same
+        activation grid.  fc2 is a float linear in the layout: the packed fp32 GEMM, or with
+        :attr:`int8_fc2` the kernel with two-plane activations.  A full window's int8 rounding depends on that
+        window's frames only.  Otherwise
         (autograd, not the CPU, ``OASR_KERNELS=0``, a mixed q/k/v) the reference ops run."""
         sa = self.self_attn
         group = tuple(getattr(sa, name) for name in sa.names[:3])
@@ -83,8 +93,14 @@ class WhisperEncoderLayer(nn.Module):
             attn = sa(self.self_attn_layer_norm(x))
             normed, x = self.final_layer_norm.add_forward(attn, x)
             return x + self.fc2(self.fc1(normed))
-        qkv = packed.blocked(lambda rows: project(group, rows), self.self_attn_layer_norm(x), block_rows=block_rows)
-        core = kernel("int8_attention") if project is int8_linear_group and self.int8_attention else None
+        int8 = project is int8_linear_group
+
+        def qkv_rows(rows: torch.Tensor) -> torch.Tensor:
+            out = int8_block(group, rows) if int8 else None
+            return project(group, rows) if out is None else out
+
+        qkv = packed.blocked(qkv_rows, self.self_attn_layer_norm(x), block_rows=block_rows)
+        core = kernel("int8_attention") if int8 and self.int8_attention else None
         if core is not None:
             n, frames, width = qkv.shape
             q, k, v = qkv.view(n, frames, 3, sa.n_heads, width // (3 * sa.n_heads)).unbind(2)
@@ -92,10 +108,19 @@ class WhisperEncoderLayer(nn.Module):
         else:
             q, k, v = (split_heads(t, sa.n_heads) for t in qkv.chunk(3, dim=-1))
             out = merge_heads(F.scaled_dot_product_attention(q, k, v, scale=sa.core.scale))
-        x = packed.blocked(lambda rows, res: packed.linear_add(out_proj, rows, res), out, x, block_rows=block_rows)
+
+        def attn_out(rows: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
+            y = int8_block((out_proj,), rows, residual=res) if int8 else None
+            return packed.linear_add(out_proj, rows, res) if y is None else y
+
+        x = packed.blocked(attn_out, out, x, block_rows=block_rows)
 
         def mlp(rows: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
-            return packed.linear_add(self.fc2, packed.linear(self.fc1, rows, self.fc1.activation), res)
+            h = int8_block((self.fc1,), rows, activation=self.fc1.activation) if int8 else None
+            if h is None:
+                h = packed.linear(self.fc1, rows, self.fc1.activation)
+            y = int8_block((self.fc2,), h, residual=res, planes=2) if int8 and self.int8_fc2 else None
+            return packed.linear_add(self.fc2, h, res) if y is None else y
 
         return packed.blocked(mlp, self.final_layer_norm(x), x, block_rows=block_rows)
 

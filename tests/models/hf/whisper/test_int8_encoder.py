@@ -1,6 +1,6 @@
-"""The int8 Whisper encoder layer on its fused path (q/k/v as one fbgemm GEMM per window, int8 outputs
-taking their GELU / residual in place, the fp32 fc2 on the packed waist): the same function as the
-reference int8 ops within int8 noise, no further from fp32 than they are, a window's numbers
+"""The int8 Whisper encoder layer on its fused path (q/k/v as one int8 GEMM per window, out_proj and fc1 with their
+residual / GELU, through the ``int8_linear`` kernel, or fbgemm without it; the fp32 fc2 on the packed waist): the
+same function as the reference int8 ops within int8 noise, no further from fp32 than they are, a window's numbers
 independent of its batch mates, and the reference ops wherever the fast path must not run."""
 
 from __future__ import annotations
@@ -30,19 +30,27 @@ def int8_model(tiny):
 
 @pytest.fixture
 def calls(monkeypatch):
-    """The int8 group GEMMs and the packed fp32 linears the encoder ran."""
-    seen: dict[str, list] = {"int8_group": [], "packed": []}
-    real_group, real_packed = whisper_encoder.int8_linear_group, packed._packed
+    """The int8 group GEMMs (fbgemm), the ``int8_linear`` kernel's blocks (linears, planes) and the packed fp32 linears
+    the encoder ran."""
+    seen: dict[str, list] = {"int8_group": [], "int8_block": [], "packed": []}
+    real_group, real_block, real_packed = whisper_encoder.int8_linear_group, whisper_encoder.int8_block, packed._packed
 
     def group_spy(linears, x):
         seen["int8_group"].append(tuple(linears))
         return real_group(linears, x)
+
+    def block_spy(linears, x, residual=None, planes=1, activation="none"):
+        out = real_block(linears, x, residual=residual, planes=planes, activation=activation)
+        if out is not None:
+            seen["int8_block"].append((tuple(linears), planes))
+        return out
 
     def packed_spy(linears, scale):
         seen["packed"].append(tuple(linears))
         return real_packed(linears, scale)
 
     monkeypatch.setattr(whisper_encoder, "int8_linear_group", group_spy)
+    monkeypatch.setattr(whisper_encoder, "int8_block", block_spy)
     monkeypatch.setattr(packed, "_packed", packed_spy)
     return seen
 
@@ -60,7 +68,8 @@ def test_int8_encoder_fused_path_matches_the_reference_int8_ops(tiny, int8_model
         fast = encoder(mel)
         monkeypatch.setenv("OASR_KERNELS", "0")
         plain = encoder(mel)
-    assert (sa.q_proj, sa.k_proj, sa.v_proj) in calls["int8_group"]
+    assert ((sa.q_proj, sa.k_proj, sa.v_proj), 1) in calls["int8_block"]
+    assert ((sa.out_proj,), 1) in calls["int8_block"] and ((layer.fc1,), 1) in calls["int8_block"]
     assert (layer.fc2,) in calls["packed"]
     int8_modules = {m for m in encoder.modules() if getattr(m, "_int8", None) is not None}
     assert not {m for call in calls["packed"] for m in call} & int8_modules
@@ -72,6 +81,47 @@ def test_int8_encoder_fused_path_matches_the_reference_int8_ops(tiny, int8_model
     assert noise > 1e-4 * rms(fp32)  # int8 really rounds: the comparison below can fail
     assert rms(fast - fp32) <= 1.1 * noise  # no further from fp32 than the reference int8 ops
     assert rms(fast - plain) <= noise  # the two int8 paths differ within the int8 noise
+
+
+def _rms(a: torch.Tensor) -> float:
+    return float(a.pow(2).mean().sqrt())
+
+
+def test_without_the_kernel_fbgemm_runs_the_same_function(tiny, int8_model, mel, calls, monkeypatch):
+    """The ``int8_linear`` slot empty: q/k/v as one fbgemm GEMM, the others through their int8 hooks; the output within
+    the int8 noise of the kernel's (the same activation grid, rounded in another order)."""
+    from oasr.layers import _backend
+
+    encoder = int8_model.encoder
+    sa = encoder.layers[0].self_attn
+    with torch.no_grad():
+        fp32 = tiny.model.encoder(mel)
+        kernel_out = encoder(mel)
+        assert calls["int8_block"] and not calls["int8_group"]
+        monkeypatch.setitem(_backend._cache, "int8_linear", None)
+        fbgemm_out = encoder(mel)
+    assert (sa.q_proj, sa.k_proj, sa.v_proj) in calls["int8_group"]
+    noise = _rms(fbgemm_out - fp32)
+    assert noise > 1e-4 * _rms(fp32)
+    assert _rms(kernel_out - fp32) <= 1.1 * noise
+    assert _rms(kernel_out - fbgemm_out) <= noise
+
+
+def test_int8_fc2_runs_two_planes_within_the_int8_noise(tiny, int8_model, mel, calls, monkeypatch):
+    """``int8_fc2`` on: each layer's float fc2 takes the kernel with two-plane activations (its weights quantized per
+    output channel on first use), and the output stays within the int8 noise of the default."""
+    encoder = int8_model.encoder
+    with torch.no_grad():
+        fp32 = tiny.model.encoder(mel)
+        default = encoder(mel)
+        monkeypatch.setattr(whisper_encoder.WhisperEncoderLayer, "int8_fc2", True)
+        calls["int8_block"].clear()
+        both = encoder(mel)
+    assert {c[0] for c in calls["int8_block"] if c[1] == 2} == {(layer.fc2,) for layer in encoder.layers}
+    assert all(layer.fc2._int8 is None for layer in encoder.layers)  # the model's fc2 stays float
+    noise = _rms(default - fp32)
+    assert 0 < _rms(both - default) <= noise
+    assert _rms(both - fp32) <= 1.25 * noise
 
 
 def test_a_window_rounds_independently_of_its_batch_mates(int8_model, mel):
@@ -88,7 +138,7 @@ def test_a_window_rounds_independently_of_its_batch_mates(int8_model, mel):
 def test_int8_encoder_under_autograd_takes_the_reference_path(int8_model, mel, calls):
     feats = mel[:1].clone().requires_grad_(True)
     out = int8_model.encoder(feats)
-    assert out.requires_grad and calls["int8_group"] == [] and calls["packed"] == []
+    assert out.requires_grad and calls["int8_group"] == [] and calls["int8_block"] == [] and calls["packed"] == []
 
 
 def _counting_core(monkeypatch) -> list:
