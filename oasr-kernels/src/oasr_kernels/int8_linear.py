@@ -25,7 +25,7 @@ import numba
 import numpy as np
 import torch
 
-from oasr_kernels.attention import _exp2, available
+from oasr_kernels.attention import available
 
 _OPTS = dict(cache=True, fastmath=True, boundscheck=False, nogil=True, error_model="numpy")  # numpy: no zero-division branch in vector loops
 #: the smallest per-row scale (an all-zero row stays zero under any positive scale)
@@ -83,29 +83,9 @@ def _quantize_planes(x, rscale, q):  # pragma: no cover - compiled
             q[rows + r, i] = np.int8(min(max(f, np.float32(-127.0)), np.float32(127.0)))
 
 
-_LOG2E = np.float32(1.4426950408889634)
-_SQRT_HALF = np.float32(0.7071067811865476)
-
-
-@numba.njit(inline="always", **_OPTS)
-def _gelu(x):  # pragma: no cover - compiled
-    """Exact GELU, ``x / 2 * (1 + erf(x / sqrt(2)))``, with erf by Abramowitz and Stegun 7.1.26 (absolute error
-    1.5e-7) over the vectorizable ``2^x`` of the attention kernel (relative 7e-6): within ~4e-6 |x| of torch's."""
-    z = abs(x) * _SQRT_HALF
-    t = np.float32(1.0) / (np.float32(1.0) + np.float32(0.3275911) * z)
-    p = np.float32(1.061405429)
-    p = p * t + np.float32(-1.453152027)
-    p = p * t + np.float32(1.421413741)
-    p = p * t + np.float32(-0.284496736)
-    p = p * t + np.float32(0.254829592)
-    erf = np.float32(1.0) - p * t * _exp2(-(z * z) * _LOG2E)
-    return np.float32(0.5) * x * (np.float32(1.0) + (erf if x >= 0 else -erf))
-
-
 @numba.njit(**_OPTS)
-def _epilogue(acc, offset, rscale, step, wscale, bias, residual, gelu, out):  # pragma: no cover - compiled
-    """``out[r, o] = (acc[r, o] + offset[o]) * rscale[r] * step * wscale[o] + bias[o]``, then GELU (``gelu``) or
-    ``+ residual[r, o]``."""
+def _epilogue(acc, offset, rscale, step, wscale, bias, residual, out):  # pragma: no cover - compiled
+    """``out[r, o] = (acc[r, o] + offset[o]) * rscale[r] * step * wscale[o] + bias[o] (+ residual[r, o])``."""
     rows, n_out = out.shape
     has_bias = bias.shape[0] > 0
     has_res = residual.shape[0] > 0
@@ -115,8 +95,6 @@ def _epilogue(acc, offset, rscale, step, wscale, bias, residual, gelu, out):  # 
             v = np.float32(acc[r, o] + offset[o]) * a * wscale[o]
             if has_bias:
                 v += bias[o]
-            if gelu:
-                v = _gelu(v)
             if has_res:
                 v += residual[r, o]
             out[r, o] = v
@@ -162,9 +140,10 @@ def int8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tenso
     (rows, out) float32.  ``planes`` 1: fbgemm's dynamic grid (each row divided by its absolute maximum, one uint8
     grid over the block); 2: each row as two int8 planes (its own symmetric grid and the remainder on one 254 times
     finer: ~15 bits of the row's maximum, for activations with outlier channels), one GEMM over both.  ``activation``
-    "gelu" (exact, see :func:`_gelu`) in the one-plane epilogue, before a residual.  Returns a new (rows, out)
+    "gelu" (torch's exact GELU, in place; one plane, no residual).  Returns a new (rows, out)
     float32 tensor, or None where this torch has no CPU ``torch._int_mm`` or the activation is another."""
-    if not available() or activation not in ("none", "gelu") or (planes == 2 and activation != "none"):
+    if not available() or activation not in ("none", "gelu") or (activation != "none" and (planes == 2 or
+                                                                                          residual is not None)):
         return None
     rows, n_in = x.shape
     xs = x.numpy()
@@ -184,8 +163,9 @@ def int8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tenso
     _quantize_block(xs, rscale, np.float32(1.0 / step), np.float32(zero), q.numpy())
     acc = torch._int_mm(q, weight.t())
     offset = (weight_sums * (128 - zero)).numpy()
-    _epilogue(acc.numpy(), offset, rscale, np.float32(step), weight_scale.numpy(), b, res, activation == "gelu",
-              out.numpy())
+    _epilogue(acc.numpy(), offset, rscale, np.float32(step), weight_scale.numpy(), b, res, out.numpy())
+    if activation == "gelu":
+        torch.ops.aten.gelu_(out)  # torch's exact GELU in place (an erf approximation here flipped near-ties)
     return out
 
 

@@ -196,7 +196,7 @@ def int8_block(linears, x: torch.Tensor, *, residual: torch.Tensor | None = None
     of 8, a machine without VNNI).  ``planes`` 1: int8 linears, the activations on fbgemm's dynamic grid (the numbers
     of :class:`Int8Weight`'s block path up to float rounding); 2: the activations as two int8 planes of each row
     (~15 bits), the weights int8 (a float linear's quantized per output channel on first use).  ``activation``: "gelu"
-    (exact GELU in the epilogue, one plane, before the residual) where the kernel offers it, else None."""
+    (exact, on the output in place; one plane, no residual) where the kernel offers it, else None."""
     linears = tuple(linears)
     fn = kernel("int8_linear")
     rows = x.numel() // x.shape[-1] if x.dim() >= 2 else 0
