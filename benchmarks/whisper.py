@@ -17,8 +17,8 @@ Usage: ``python benchmarks/whisper.py [--repeats 2] [--long-seconds 120] [--skip
 ``--steps N`` the CPU time of one incremental decoder step at one row, OASR vs CTranslate2, and the split of
 OASR's greedy token by category (vocabulary product, rescoring, step linears, attention products, ...);
 ``--attn-ab`` adds OASR int8 greedy with the encoder's float32 attention core (the int8 core off);
-``--linear-ab`` adds OASR int8 greedy with the encoder's int8 linears on fbgemm (the ``int8_linear`` kernel slot
-empty); ``--fc2-ab`` adds OASR int8 greedy with the encoder's fc2 on int8 too (two-plane activations);
+``--linear-ab`` adds OASR int8 greedy with the encoder's int8 linears on the ``int8_linear`` kernel
+(``int8_kernel_linears``); ``--fc2-ab`` adds OASR int8 greedy with the encoder's fc2 on int8 too (two-plane activations);
 ``--screen-ab`` adds OASR fp32 with the int8-screened vocabulary projection off (on by default); ``--rows-ab`` adds OASR
 fp32 and int8 greedy with the few-row decoder paths off (no ``row_linear`` kernel, the vocabulary projection of a
 batched step on MKL's GEMM: the code before them), alternating with the rest; ``--fused-ab`` adds OASR fp32 and int8
@@ -447,13 +447,10 @@ class _WithoutFusedStep(_WithoutRowPaths):
             return self.system.run(clips)
 
 
-class _FbgemmLinears(_WithoutRowPaths):
-    """An :class:`Oasr` run with the ``int8_linear`` kernel slot empty: the int8 encoder's linears on fbgemm's dynamic
-    GEMM with torch's scaling passes, what ran before the kernel."""
-
-    def run(self, clips) -> list[str]:
-        with _kernel_slots(int8_linear=None):
-            return self.system.run(clips)
+def _kernel_linears(system: Oasr) -> Oasr:
+    for layer in system.strategy.ctx.model.encoder.layers:
+        layer.int8_kernel_linears = True  # q/k/v, out_proj and fc1 on the int8_linear kernel (else fbgemm)
+    return system
 
 
 def _int8_fc2(system: Oasr, on: bool = True) -> Oasr:
@@ -492,7 +489,7 @@ def main() -> None:
     parser.add_argument("--screen-ab", action="store_true",
                         help="also OASR fp32 with the int8-screened vocabulary projection off (on by default)")
     parser.add_argument("--linear-ab", action="store_true",
-                        help="also OASR int8 greedy with the encoder's int8 linears on fbgemm (the int8_linear kernel off)")
+                        help="also OASR int8 greedy with the encoder's int8 linears on the int8_linear kernel")
     parser.add_argument("--fc2-ab", action="store_true",
                         help="also OASR int8 greedy with the encoder's fc2 on int8 (two-plane activations)")
     parser.add_argument("--sensitivity", action="store_true",
@@ -531,7 +528,7 @@ def main() -> None:
     if args.attn_ab:
         factories["oasr int8 greedy fp32-attention"] = lambda: _float_attention(Oasr(model_dir, True, "greedy", 16))
     if args.linear_ab:
-        factories["oasr int8 greedy fbgemm-linears"] = lambda: _FbgemmLinears(Oasr(model_dir, True, "greedy", 16))
+        factories["oasr int8 greedy kernel-linears"] = lambda: _kernel_linears(Oasr(model_dir, True, "greedy", 16))
     if args.fc2_ab:
         factories["oasr int8 greedy int8-fc2"] = lambda: _int8_fc2(Oasr(model_dir, True, "greedy", 16))
     if args.screen_ab:

@@ -7,8 +7,7 @@ linears run as prepacked oneDNN GEMMs with their bias, exact GELU and residual a
 GEMM block per 30 s window (every window runs the same shapes); the convolutions carry their GELU in
 oneDNN's epilogue.  The attention core is torch's SDPA (no mask: its flash kernel, measured 2x faster
 than an in-place scores/softmax core at 1500 frames); an int8 layer's is the ``int8_attention`` kernel
-where oasr-kernels provides it (:attr:`WhisperEncoderLayer.int8_attention`), and its linears the
-``int8_linear`` kernel's int8 GEMMs.  Everywhere else the
+where oasr-kernels provides it (:attr:`WhisperEncoderLayer.int8_attention`).  Everywhere else the
 reference ops run.
 """
 
@@ -61,6 +60,11 @@ class WhisperEncoderLayer(nn.Module):
     #: ~9 % faster per window, but token agreement with fp32 98.0 -> 95.4 % on the benchmark's 34 clips (the weights'
     #: rounding: fc2's weights kept as two planes too cost a third GEMM and measured no faster than float32), so off
     int8_fc2 = False
+    #: an int8 layer's q/k/v, out_proj and fc1 on the ``int8_linear`` kernel (fbgemm's activation grid, oneDNN's
+    #: int8 GEMM, fused passes) instead of fbgemm's GEMM and torch's scaling passes: the same function, 2.6-3.5 %
+    #: faster per window, but another rounding order flips near-tie tokens: the int8 engine's agreement with fp32 on
+    #: test_trained's clips 97.3 -> 95.2 % (the benchmark's 34 clips 97.8 -> 98.0 % or 96.0 % by run), so off
+    int8_kernel_linears = False
 
     def __init__(self, d_model: int, heads: int, ffn_dim: int):
         super().__init__()
@@ -74,11 +78,11 @@ class WhisperEncoderLayer(nn.Module):
         """Pre-norm self-attention then MLP, each with its residual.  On the CPU fast path
         (:mod:`oasr.layers.packed`: fp32 linears, inference) q/k/v run as one prepacked GEMM, fc1's
         exact GELU and the residual adds of ``out_proj`` and ``fc2`` are GEMM epilogues, over blocks of
-        ``block_rows`` frames.  With int8 q/k/v they run as one int8 GEMM per block: the ``int8_linear``
-        kernel (:func:`oasr.layers.quant.int8_block`: quantization, oneDNN's int8 GEMM, and dequantization with
-        the bias and residual in numba passes), as are out_proj (its residual in the epilogue) and fc1 (GELU in
-        the epilogue); without the kernel fbgemm (:func:`oasr.layers.quant.int8_linear_group`, the int8 hooks), the same
-        activation grid.  fc2 is a float linear in the layout: the packed fp32 GEMM, or with
+        ``block_rows`` frames.  With int8 q/k/v they run as one fbgemm GEMM per block with one per-row scaling
+        pass (:func:`oasr.layers.quant.int8_linear_group`), out_proj and fc1 through their int8 hooks (GELU /
+        residual add in place); with :attr:`int8_kernel_linears` the three on the ``int8_linear`` kernel
+        (:func:`oasr.layers.quant.int8_block`: the same activation grid, oneDNN's int8 GEMM, the bias, GELU and
+        residual in fused passes).  fc2 is a float linear in the layout: the packed fp32 GEMM, or with
         :attr:`int8_fc2` the kernel with two-plane activations.  A full window's int8 rounding depends on that
         window's frames only.  Otherwise
         (autograd, not the CPU, ``OASR_KERNELS=0``, a mixed q/k/v) the reference ops run."""
@@ -94,9 +98,10 @@ class WhisperEncoderLayer(nn.Module):
             normed, x = self.final_layer_norm.add_forward(attn, x)
             return x + self.fc2(self.fc1(normed))
         int8 = project is int8_linear_group
+        fused = int8 and self.int8_kernel_linears
 
         def qkv_rows(rows: torch.Tensor) -> torch.Tensor:
-            out = int8_block(group, rows) if int8 else None
+            out = int8_block(group, rows) if fused else None
             return project(group, rows) if out is None else out
 
         qkv = packed.blocked(qkv_rows, self.self_attn_layer_norm(x), block_rows=block_rows)
@@ -110,13 +115,13 @@ class WhisperEncoderLayer(nn.Module):
             out = merge_heads(F.scaled_dot_product_attention(q, k, v, scale=sa.core.scale))
 
         def attn_out(rows: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
-            y = int8_block((out_proj,), rows, residual=res) if int8 else None
+            y = int8_block((out_proj,), rows, residual=res) if fused else None
             return packed.linear_add(out_proj, rows, res) if y is None else y
 
         x = packed.blocked(attn_out, out, x, block_rows=block_rows)
 
         def mlp(rows: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
-            h = int8_block((self.fc1,), rows, activation=self.fc1.activation) if int8 else None
+            h = int8_block((self.fc1,), rows, activation=self.fc1.activation) if fused else None
             if h is None:
                 h = packed.linear(self.fc1, rows, self.fc1.activation)
             y = int8_block((self.fc2,), h, residual=res, planes=2) if int8 and self.int8_fc2 else None

@@ -1,7 +1,7 @@
-"""The int8 Whisper encoder layer on its fused path (q/k/v as one int8 GEMM per window, out_proj and fc1 with their
-residual / GELU, through the ``int8_linear`` kernel, or fbgemm without it; the fp32 fc2 on the packed waist): the
-same function as the reference int8 ops within int8 noise, no further from fp32 than they are, a window's numbers
-independent of its batch mates, and the reference ops wherever the fast path must not run."""
+"""The int8 Whisper encoder layer on its fused path (q/k/v as one fbgemm GEMM per window, int8 outputs taking their
+GELU / residual in place, or with ``int8_kernel_linears`` the three on the ``int8_linear`` kernel; the fp32 fc2 on
+the packed waist): the same function as the reference int8 ops within int8 noise, no further from fp32 than they
+are, a window's numbers independent of its batch mates, and the reference ops wherever the fast path must not run."""
 
 from __future__ import annotations
 
@@ -68,8 +68,7 @@ def test_int8_encoder_fused_path_matches_the_reference_int8_ops(tiny, int8_model
         fast = encoder(mel)
         monkeypatch.setenv("OASR_KERNELS", "0")
         plain = encoder(mel)
-    assert ((sa.q_proj, sa.k_proj, sa.v_proj), 1) in calls["int8_block"]
-    assert ((sa.out_proj,), 1) in calls["int8_block"] and ((layer.fc1,), 1) in calls["int8_block"]
+    assert (sa.q_proj, sa.k_proj, sa.v_proj) in calls["int8_group"] and not calls["int8_block"]
     assert (layer.fc2,) in calls["packed"]
     int8_modules = {m for m in encoder.modules() if getattr(m, "_int8", None) is not None}
     assert not {m for call in calls["packed"] for m in call} & int8_modules
@@ -87,24 +86,30 @@ def _rms(a: torch.Tensor) -> float:
     return float(a.pow(2).mean().sqrt())
 
 
-def test_without_the_kernel_fbgemm_runs_the_same_function(tiny, int8_model, mel, calls, monkeypatch):
-    """The ``int8_linear`` slot empty: q/k/v as one fbgemm GEMM, the others through their int8 hooks; the output within
-    the int8 noise of the kernel's (the same activation grid, rounded in another order)."""
+def test_kernel_linears_run_the_same_function(tiny, int8_model, mel, calls, monkeypatch):
+    """``int8_kernel_linears`` on: q/k/v, out_proj and fc1 on the ``int8_linear`` kernel (fbgemm's activation grid,
+    rounded in another order), the output within the int8 noise of fbgemm's and no further from fp32; the slot
+    empty, fbgemm again."""
     from oasr.layers import _backend
 
     encoder = int8_model.encoder
-    sa = encoder.layers[0].self_attn
+    sa, fc1 = encoder.layers[0].self_attn, encoder.layers[0].fc1
     with torch.no_grad():
         fp32 = tiny.model.encoder(mel)
-        kernel_out = encoder(mel)
-        assert calls["int8_block"] and not calls["int8_group"]
-        monkeypatch.setitem(_backend._cache, "int8_linear", None)
         fbgemm_out = encoder(mel)
+        assert calls["int8_group"] and not calls["int8_block"]
+        monkeypatch.setattr(whisper_encoder.WhisperEncoderLayer, "int8_kernel_linears", True)
+        calls["int8_group"].clear()
+        kernel_out = encoder(mel)
+        assert not calls["int8_group"]
+        assert {((sa.q_proj, sa.k_proj, sa.v_proj), 1), ((sa.out_proj,), 1), ((fc1,), 1)} <= set(calls["int8_block"])
+        monkeypatch.setitem(_backend._cache, "int8_linear", None)
+        assert torch.equal(encoder(mel), fbgemm_out)
     assert (sa.q_proj, sa.k_proj, sa.v_proj) in calls["int8_group"]
     noise = _rms(fbgemm_out - fp32)
     assert noise > 1e-4 * _rms(fp32)
     assert _rms(kernel_out - fp32) <= 1.1 * noise
-    assert _rms(kernel_out - fbgemm_out) <= noise
+    assert 0 < _rms(kernel_out - fbgemm_out) <= noise
 
 
 def test_int8_fc2_runs_two_planes_within_the_int8_noise(tiny, int8_model, mel, calls, monkeypatch):
