@@ -50,6 +50,7 @@ from oasr.layers.linear import Linear
 SCHEME = "int8_per_channel_dynamic"
 
 
+@functools.cache
 def _vnni() -> bool:
     probe = getattr(torch.cpu, "_is_vnni_supported", None)
     try:
@@ -160,7 +161,7 @@ def int8_linear_group(linears, x: torch.Tensor) -> torch.Tensor:
     return out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)
 
 
-def _quantized_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``weight`` (out, in) as per-output-channel symmetric int8 and its float32 scales (round to nearest)."""
     w = weight.detach().float()
     amax = w.abs().amax(dim=1)
@@ -174,7 +175,7 @@ def _block_weights(linears: tuple[Linear, ...]) -> tuple[torch.Tensor, ...]:
     on the first linear and rebuilt when any member's tensors change."""
 
     def build():
-        parts = [(lin.weight, lin.weight_scale) if lin._int8 is not None else _quantized_rows(lin.weight)
+        parts = [(lin.weight, lin.weight_scale) if lin._int8 is not None else quantize_rows(lin.weight)
                  for lin in linears]
         weight = parts[0][0].contiguous() if len(parts) == 1 else torch.cat([q for q, _ in parts])  # one: no copy
         bias = None
@@ -215,7 +216,7 @@ def _int8_storage(linear: Linear, weight: torch.Tensor | None) -> None:
     """Give ``linear`` int8 ``weight`` / fp32 ``weight_scale`` buffers (from ``weight`` if given)."""
     out_f, in_f = linear.out_features, linear.in_features
     if weight is not None:
-        q, scale = _quantized_rows(weight)
+        q, scale = quantize_rows(weight)
     else:
         device = linear.weight.device
         q = torch.zeros(out_f, in_f, dtype=torch.int8, device=device)

@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from oasr.layers._backend import kernel
+from oasr.layers.quant import quantize_rows
 
 #: the most text rows recomputed per step before the full fp32 product is cheaper
 MAX_EXACT = 2048
@@ -130,9 +131,7 @@ class VocabScreen:
             q, scale, self.w_norm, self.w_err = terms(w, exact_from, slack)
         else:
             if q is None or scale is None:
-                amax = w.abs().amax(dim=1)
-                scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
-                q = torch.clamp(torch.round(w / scale[:, None]), -127, 127).to(torch.int8)
+                q, scale = quantize_rows(w)
             self.w_norm, self.w_err = self._bound_terms(w, q, scale, exact_from, slack)
         self.q, self.scale = q.contiguous(), scale.float().contiguous()
         self._packed = None  # fbgemm's pack of (q, scale): built for the first block of more rows

@@ -15,6 +15,10 @@ from oasr.layers.quant import quantize_model_int8
 from oasr_models_hf.whisper import encoder as whisper_encoder
 
 
+def _rms(a: torch.Tensor) -> float:
+    return float(a.pow(2).mean().sqrt())
+
+
 @pytest.fixture(scope="module")
 def mel():
     torch.manual_seed(5)
@@ -73,17 +77,10 @@ def test_int8_encoder_fused_path_matches_the_reference_int8_ops(tiny, int8_model
     int8_modules = {m for m in encoder.modules() if getattr(m, "_int8", None) is not None}
     assert not {m for call in calls["packed"] for m in call} & int8_modules
 
-    def rms(a: torch.Tensor) -> float:
-        return float(a.pow(2).mean().sqrt())
-
-    noise = rms(plain - fp32)
-    assert noise > 1e-4 * rms(fp32)  # int8 really rounds: the comparison below can fail
-    assert rms(fast - fp32) <= 1.1 * noise  # no further from fp32 than the reference int8 ops
-    assert rms(fast - plain) <= noise  # the two int8 paths differ within the int8 noise
-
-
-def _rms(a: torch.Tensor) -> float:
-    return float(a.pow(2).mean().sqrt())
+    noise = _rms(plain - fp32)
+    assert noise > 1e-4 * _rms(fp32)  # int8 really rounds: the comparison below can fail
+    assert _rms(fast - fp32) <= 1.1 * noise  # no further from fp32 than the reference int8 ops
+    assert _rms(fast - plain) <= noise  # the two int8 paths differ within the int8 noise
 
 
 def test_kernel_linears_run_the_same_function(tiny, int8_model, mel, calls, monkeypatch):
@@ -177,8 +174,7 @@ def test_int8_layers_take_the_int8_attention_core(tiny, int8_model, mel, monkeyp
         monkeypatch.setattr(whisper_encoder.WhisperEncoderLayer, "int8_attention", False)
         off = encoder(mel)
         assert not seen
-    rms = lambda a: float(a.pow(2).mean().sqrt())  # noqa: E731
-    assert 0 < rms(on - off) < rms(off - fp32)
+    assert 0 < _rms(on - off) < _rms(off - fp32)
 
 
 def test_int8_attention_core_on_trained_tiny_en_speech(tiny_en, tiny_en_strategy, beckett, monkeypatch):
@@ -197,5 +193,4 @@ def test_int8_attention_core_on_trained_tiny_en_speech(tiny_en, tiny_en_strategy
         monkeypatch.setattr(whisper_encoder.WhisperEncoderLayer, "int8_attention", False)
         off = model.encoder(mel)
     assert len(seen) == len(model.encoder.layers)
-    rms = lambda a: float(a.pow(2).mean().sqrt())  # noqa: E731
-    assert 0 < rms(on - off) < rms(off - fp32)
+    assert 0 < _rms(on - off) < _rms(off - fp32)
