@@ -357,9 +357,12 @@ def test_streaming_transducer_hypotheses_equal_icefalls_stream(fixtures_dir, fix
     """icefall's streaming greedy search / modified beam search 4 (``decode_one_chunk``): the stream search
     fed icefall's own streamed encoder output chunk by chunk, and the public streaming engine from audio.
 
-    From audio the encoder output differs by float noise: greedy's every step leads by more than ten
-    times the joiner log-prob difference; the beam's best hypothesis leads the rest of its 4-best (length
-    normalized as icefall picks it) by more than twice the most that difference can move a score."""
+    From audio the encoder output differs by float noise: a clip's from-audio hypothesis must equal icefall's
+    where its margin is above that noise (greedy: every step leads by more than ten times the joiner log-prob
+    difference; the beam: the best hypothesis leads the rest of its 4-best, length normalized as icefall picks
+    it, by more than twice the most that difference can move a score), and at least one clip must be so guarded.  The noise depends on the machine's vector width and on
+    how the engine batched the two streams' chunks: in one full-suite run on an AVX2 core (Zen 3) the beam's clip0
+    led its runner-up by 1.35e-3 against a bound of 1.36e-3 (run alone there, both clips are guarded)."""
     name = "zipformer_transducer_causal"
     key = "stream.greedy_search_hyp" if search == "greedy" else "stream.modified_beam_search_4_hyp"
     beam = search != "greedy"
@@ -368,6 +371,7 @@ def test_streaming_transducer_hypotheses_equal_icefalls_stream(fixtures_dir, fix
     seen = record_hidden(engine)
     waves = [read_clip(fixtures_dir, clip) for clip in CLIPS]
     outputs = engine.transcribe_outputs(waves, streaming=True, decoding=DecodingOptions(beam_size=4 if beam else 1))
+    guarded = []
     for out, clip in zip(outputs, CLIPS, strict=True):
         ref = fixture_refs[name][clip]
         expected, encoder_out = ref[key].tolist(), ref["stream.encoder_out"]
@@ -379,16 +383,20 @@ def test_streaming_transducer_hypotheses_equal_icefalls_stream(fixtures_dir, fix
             noise, lead = greedy_path_noise(model, torch.cat(seen[out.request_id]), encoder_out)
         assert hyp.tokens == expected and len(expected) > 30
         assert noise < 1e-3
+        assert out.error is None
         if beam:
             context = model.predictor.context_size
             bound = (encoder_out.shape[0] + max(len(h.tokens) for h in hyp.nbest)) * noise
             best = hyp.nbest[0]
-            for other in hyp.nbest[1:]:
-                gap = best.score / (len(best.tokens) + context) - other.score / (len(other.tokens) + context)
-                assert gap > 2 * (bound / (len(best.tokens) + context) + bound / (len(other.tokens) + context))
+            safe = all(best.score / (len(best.tokens) + context) - other.score / (len(other.tokens) + context)
+                       > 2 * (bound / (len(best.tokens) + context) + bound / (len(other.tokens) + context))
+                       for other in hyp.nbest[1:])
         else:
-            assert lead > 10 * noise
-        assert out.error is None and out.tokens == expected
+            safe = lead > 10 * noise
+        if safe:
+            assert out.tokens == expected, clip
+            guarded.append(clip)
+    assert guarded, "no clip's margin is above the float noise: the from-audio hypotheses were not compared"
 
 
 def test_streams_shorter_than_a_window_finish_beside_a_full_one(fixtures_dir, fixture_refs):
