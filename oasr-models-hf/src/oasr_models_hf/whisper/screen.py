@@ -64,6 +64,10 @@ _FBGEMM_MIN_HALF_STEP = 1e-4
 #: on tiny.en's table read cold (1.35 against 1.66 ms at two), from four rows on fbgemm is faster (one AVX-512
 #: VNNI core; docs/benchmarks.md, session 13)
 ROW_KERNEL_MAX = 2
+#: ... and where fbgemm keeps 7-bit activations (no VNNI: ``reduce_range``), up to this many rows: its grid is then
+#: so coarse against the row kernel's that the bound seldom decides a step of several rows (tiny.en's beam of 5 on
+#: beckett and sample.wav: 2 steps decided on fbgemm, on an AVX2 core)
+ROW_KERNEL_MAX_REDUCED = 8
 #: the row kernel's rounding of an activation: half its grid step, plus float32 slop below 4 % of a step (its
 #: ``step`` contract), with margin
 _ROW_HALF_STEP = 0.55
@@ -160,6 +164,11 @@ class VocabScreen:
         return None
 
     @property
+    def row_limit(self) -> int:
+        """The most rows :meth:`project` takes the ``row_linear`` kernel at (then fbgemm)."""
+        return ROW_KERNEL_MAX_REDUCED if self.reduce_range else ROW_KERNEL_MAX
+
+    @property
     def packed(self):
         """fbgemm's packed int8 table."""
         if self._packed is None:
@@ -169,7 +178,7 @@ class VocabScreen:
     def project(self, hidden: torch.Tensor) -> Screened:
         """The approximate logits of ``hidden`` (n, D) and their per-row bound terms."""
         h = hidden.detach().float().contiguous()
-        fn = kernel("row_linear") if h.shape[0] <= ROW_KERNEL_MAX and h.is_cpu else None
+        fn = kernel("row_linear") if h.shape[0] <= self.row_limit and h.is_cpu else None
         if fn is not None:
             steps = np.empty(h.shape[0], np.float32)
             logits = fn(h, self.q, None, None, self.scale, steps)
