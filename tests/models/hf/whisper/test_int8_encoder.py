@@ -11,8 +11,12 @@ import pytest
 import torch
 
 from oasr.layers import packed
-from oasr.layers.quant import quantize_model_int8
+from oasr.layers.quant import _vnni, quantize_model_int8
 from oasr_models_hf.whisper import encoder as whisper_encoder
+
+
+#: the ``int8_linear`` kernel runs where VNNI sums int8 in int32 (``oasr.layers.quant.int8_block`` declines elsewhere)
+needs_vnni = pytest.mark.skipif(not _vnni(), reason="the int8_linear kernel runs where VNNI sums int8 in int32")
 
 
 def _rms(a: torch.Tensor) -> float:
@@ -83,6 +87,7 @@ def test_int8_encoder_fused_path_matches_the_reference_int8_ops(tiny, int8_model
     assert _rms(fast - plain) <= noise  # the two int8 paths differ within the int8 noise
 
 
+@needs_vnni
 def test_kernel_linears_run_the_same_function(tiny, int8_model, mel, calls, monkeypatch):
     """``int8_kernel_linears`` on: q/k/v, out_proj and fc1 on the ``int8_linear`` kernel (fbgemm's activation grid,
     rounded in another order), the output within the int8 noise of fbgemm's and no further from fp32; the slot
@@ -109,6 +114,7 @@ def test_kernel_linears_run_the_same_function(tiny, int8_model, mel, calls, monk
     assert 0 < _rms(kernel_out - fbgemm_out) <= noise
 
 
+@needs_vnni
 def test_int8_fc2_runs_two_planes_within_the_int8_noise(tiny, int8_model, mel, calls, monkeypatch):
     """``int8_fc2`` on: each layer's float fc2 takes the kernel with two-plane activations (its weights quantized per
     output channel on first use), and the output stays within the int8 noise of the default."""
