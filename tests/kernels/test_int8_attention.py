@@ -11,9 +11,15 @@ import torch
 import torch.nn.functional as F
 
 from oasr.layers._backend import kernel
-from oasr_kernels.attention import available, int8_attention
+from oasr_kernels import attention
+from oasr_kernels.attention import available
 
 pytestmark = pytest.mark.skipif(not available(), reason="this torch has no CPU torch._int_mm")
+
+
+def int8_attention(*args, **kwargs) -> torch.Tensor:
+    """The slot's scheme on every CPU (without VNNI the slot itself runs SDPA, the last test)."""
+    return attention.int8_attention(*args, int8=True, **kwargs)
 
 
 def _speechlike(n: int, frames: int, heads: int, dim: int, seed: int) -> torch.Tensor:
@@ -67,7 +73,7 @@ def test_the_kernel_is_the_documented_scheme(shape):
     assert got.shape == (n, frames, heads, dim) and got.dtype == torch.float32
     # float32 against float64 moves a rounding here and there; the carry absorbs it at the next frame
     assert _rel(got, _reference(q, k, v, scale)) < 2e-4
-    assert kernel("int8_attention") is int8_attention, "registered in its slot"
+    assert kernel("int8_attention") is attention.int8_attention, "registered in its slot"
 
 
 def test_close_to_the_float_core_and_closer_than_plain_rounding():
@@ -101,3 +107,16 @@ def test_degenerate_inputs():
     got = int8_attention(q, constant_keys, v, 0.5)
     assert torch.allclose(got, v.mean(1, keepdim=True).expand_as(v), atol=2e-2 * float(v.abs().max()))
     assert math.isfinite(float(int8_attention(q * 1e4, k * 1e4, v, 1.0).abs().max()))  # one-hot rows
+
+
+def test_the_float_core_where_the_int8_products_are_slow(monkeypatch):
+    """Without VNNI (``fast()`` False) oneDNN's int8 product is exact but slow: the slot runs SDPA's float32 core, as
+    it does with ``int8=False``; ``int8=True`` still runs the scheme."""
+    q, k, v = _speechlike(1, 60, 2, 8, seed=4).unbind(2)
+    exact = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           scale=0.5).transpose(1, 2)
+    monkeypatch.setattr(attention, "fast", lambda: False)
+    assert torch.allclose(attention.int8_attention(q, k, v, 0.5), exact, atol=1e-6)
+    assert torch.allclose(attention.int8_attention(q, k, v, 0.5, int8=False), exact, atol=1e-6)
+    assert _rel(int8_attention(q, k, v, 0.5), _reference(q, k, v, 0.5)) < 2e-4
+    assert not torch.allclose(int8_attention(q, k, v, 0.5), exact, atol=1e-6)

@@ -52,7 +52,8 @@ class WhisperEncoderLayer(nn.Module):
     #: weights times v as VNNI int8 products, ~24 against SDPA's ~43 ms per tiny.en layer and window); False, or
     #: without the kernel: the float32 core (SDPA).  Measured on tiny.en's benchmark (docs/benchmarks.md, "int8
     #: attention core"): the short set's WER 19.8 -> 19.5 % (fp32: 19.5 %), token agreement with fp32 98.4 ->
-    #: 97.8 %; the long recording 14.7 -> 14.4 %, 94.7 -> 94.5 %
+    #: 97.8 %; the long recording 14.7 -> 14.4 %, 94.7 -> 94.5 %.  Where the CPU has no VNNI the slot itself runs
+    #: SDPA: oneDNN's int8 products are exact but slow there (an encoder window 8.8-9.7 s against 0.78 s on Zen 3)
     int8_attention = True
     #: an int8 layer's ``fc2`` (a float linear in the quantization layout: its GELU input has outlier channels) on
     #: the ``int8_linear`` kernel too, its activations as two int8 planes (~15 bits) and its weights int8 per output

@@ -149,7 +149,8 @@ def test_int8_encoder_under_autograd_takes_the_reference_path(int8_model, mel, c
 
 
 def _counting_core(monkeypatch) -> list:
-    """Replace the ``int8_attention`` slot by a wrapper that records each call's q shape."""
+    """Replace the ``int8_attention`` slot by a wrapper that records each call's q shape and runs the int8 scheme on
+    every CPU (the slot itself runs SDPA where the int8 products are slow, without VNNI)."""
     from oasr.layers import _backend
 
     real = _backend.kernel("int8_attention")
@@ -158,7 +159,7 @@ def _counting_core(monkeypatch) -> list:
 
     def counting(q, k, v, scale):
         seen.append(tuple(q.shape))
-        return real(q, k, v, scale)
+        return real(q, k, v, scale, int8=True)
 
     monkeypatch.setitem(_backend._cache, "int8_attention", counting)
     return seen

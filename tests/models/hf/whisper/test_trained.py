@@ -162,8 +162,9 @@ def test_int8_engine_keeps_the_transcript(tiny_en, beckett, sample_wav, espeak_c
 
     Without VNNI fbgemm's 16-bit pair sums would saturate on 8-bit activations (counted on beckett's int8 linears on
     an AVX2 core: 1 pair in 7,000-28,000 over 32,767, up to 62,359), so they keep 7 bits (``reduce_range``), as issue 19
-    allows where VNNI is missing: 94.7 % there (AVX2, Zen 3; 97.3 % on the same core with 8-bit activations and
-    their saturation, 87.2 % with 7-bit weights instead), so >= 94 % on such a machine."""
+    allows where VNNI is missing, and the attention core is float32 (oneDNN's int8 products are slow there): 94.1 %
+    (AVX2, Zen 3; 94.7 % with the int8 core, 97.3 % with 8-bit activations and their saturation, 87.2 % with 7-bit
+    weights instead), so >= 93 % on such a machine (two tokens of margin)."""
     import oasr
     from oasr.layers.quant import _vnni
 
@@ -179,7 +180,7 @@ def test_int8_engine_keeps_the_transcript(tiny_en, beckett, sample_wav, espeak_c
     assert sum(h.wer(t, hyp) for (t, _), hyp in zip(espeak_clips, texts[2:], strict=True)) / len(espeak_clips) < 0.5
     agreement = _token_agreement([o.tokens for o in fp32], [o.tokens for o in outs])
     print(f"int8 token agreement with fp32: {100 * agreement:.1f}%")
-    assert agreement >= (0.97 if _vnni() else 0.94)
+    assert agreement >= (0.97 if _vnni() else 0.93)
 
 
 #: an fp32 top-1 lead (logits) above which int8 must pick the same next token: ~6x the measured rms
