@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from oasr.layers.quant import _vnni
+
 REPO = Path(__file__).resolve().parents[1]
 PLUGINS = REPO / "tests" / "plugins"
 TINYCTC_SRC = PLUGINS / "oasr-tinyctc" / "src"
@@ -84,3 +88,8 @@ def toyfamily_registered():
         yield
     finally:
         plugins.unregister_plugin("toyfamily-tests")
+
+
+#: a test of the ``int8_linear`` kernel, which runs where VNNI sums int8 in int32 (``oasr.layers.quant.int8_block``
+#: declines elsewhere); its reason is the one scripts/test_floor.py's ``CPU_SKIPS`` knows
+needs_vnni = pytest.mark.skipif(not _vnni(), reason="the int8_linear kernel runs where VNNI sums int8 in int32")

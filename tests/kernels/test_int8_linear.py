@@ -5,17 +5,16 @@ residual in the epilogue; the reference path wherever it does not apply."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.nn.functional as F
 
 from oasr.layers import Linear, LinearActivation, _backend
-from oasr.layers.quant import _vnni, int8_block, int8_linear_group, quantize_model_int8
+from oasr.layers.quant import int8_block, int8_linear_group, quantize_model_int8
+from tests.helpers import needs_vnni
 
-#: the kernel's GEMM is oneDNN's int8 product, fast where VNNI sums int8 in int32; without VNNI it is exact but ~5x
-#: slower than float32 (152 against 29 ms for 1500 x 384 -> 1536 on an AVX2 core), so ``int8_block`` declines there
-#: and these tests of the kernel's numbers run where it runs
-needs_vnni = pytest.mark.skipif(not _vnni(), reason="the int8_linear kernel runs where VNNI sums int8 in int32")
+# the kernel's GEMM is oneDNN's int8 product, fast where VNNI sums int8 in int32; without VNNI it is exact but ~5x
+# slower than float32 (152 against 29 ms for 1500 x 384 -> 1536 on an AVX2 core), so ``int8_block`` declines there
+# and these tests of the kernel's numbers run where it runs (``needs_vnni``)
 
 
 def _int8(*linears):

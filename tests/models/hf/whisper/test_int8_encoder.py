@@ -11,11 +11,9 @@ import pytest
 import torch
 
 from oasr.layers import packed
-from oasr.layers.quant import _vnni, quantize_model_int8
+from oasr.layers.quant import quantize_model_int8
 from oasr_models_hf.whisper import encoder as whisper_encoder
-
-#: the ``int8_linear`` kernel runs where VNNI sums int8 in int32 (``oasr.layers.quant.int8_block`` declines elsewhere)
-needs_vnni = pytest.mark.skipif(not _vnni(), reason="the int8_linear kernel runs where VNNI sums int8 in int32")
+from tests.helpers import needs_vnni
 
 
 def _rms(a: torch.Tensor) -> float:
