@@ -360,9 +360,10 @@ def test_streaming_transducer_hypotheses_equal_icefalls_stream(fixtures_dir, fix
     From audio the encoder output differs by float noise: a clip's from-audio hypothesis must equal icefall's
     where its margin is above that noise (greedy: every step leads by more than ten times the joiner log-prob
     difference; the beam: the best hypothesis leads the rest of its 4-best, length normalized as icefall picks
-    it, by more than twice the most that difference can move a score), and at least one clip must be so guarded.  The noise depends on the machine's vector width and on
-    how the engine batched the two streams' chunks: in one full-suite run on an AVX2 core (Zen 3) the beam's clip0
-    led its runner-up by 1.35e-3 against a bound of 1.36e-3 (run alone there, both clips are guarded)."""
+    it, by more than twice the most that difference can move a score), and at least one clip must be so
+    guarded.  The noise depends on the machine's vector width and on how the engine batched the two streams'
+    chunks: in one full-suite run on an AVX2 core (Zen 3) the beam's clip0 led its runner-up by 1.35e-3 against
+    a bound of 1.36e-3 (run alone there, both clips are guarded)."""
     name = "zipformer_transducer_causal"
     key = "stream.greedy_search_hyp" if search == "greedy" else "stream.modified_beam_search_4_hyp"
     beam = search != "greedy"
