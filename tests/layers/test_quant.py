@@ -159,3 +159,27 @@ def test_a_single_row_keeps_its_own_grid_and_follows_bias_changes(model):
         assert torch.allclose(lin(x[1:2]), before + 1.0, atol=1e-5)
         three_d = lin(x[1:2].reshape(1, 1, 64))
     assert three_d.shape == (1, 1, 32) and torch.allclose(three_d[0], before + 1.0, atol=1e-5)
+
+
+def test_bf16_linear_is_the_dequantized_linear_at_bfloat16(model):
+    """``bf16_linear``: the int8 weights dequantized (a float linear's as stored), everything rounded to bfloat16, the
+    bias and an exact GELU in the epilogue; a cat of several linears; rebuilt when a weight changes."""
+    from oasr.layers.quant import bf16_linear
+
+    quantize_model_int8(model, QuantLayout(keep_full_precision=("keep",)))
+    torch.manual_seed(1)
+    x = torch.randn(70, 32)
+    xb = x.to(torch.bfloat16)
+    up = model.up
+    dequant = up.weight.float() * up.weight_scale[:, None]
+    ref = torch.nn.functional.gelu(xb.double() @ dequant.to(torch.bfloat16).double().t() + up.bias.double())
+    with torch.no_grad():
+        out = bf16_linear((up,), xb, "gelu")
+        assert out.dtype == torch.bfloat16 and out.shape == (70, 64)
+        assert (out.double() - ref).abs().max() <= 2 ** -7 * ref.abs().max()  # bfloat16 output rounding
+        both = bf16_linear((model.keep, model.keep), xb)
+        single = xb.double() @ model.keep.weight.to(torch.bfloat16).double().t() + model.keep.bias.double()
+        assert (both.double() - torch.cat([single, single], -1)).abs().max() <= 2 ** -7 * single.abs().max()
+        model.keep.weight.mul_(2.0)
+        assert (bf16_linear((model.keep,), xb).double() - 2 * single + model.keep.bias.double()).abs().max() \
+            <= 2 ** -6 * single.abs().max()

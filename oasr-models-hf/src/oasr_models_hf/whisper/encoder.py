@@ -7,8 +7,8 @@ linears run as prepacked oneDNN GEMMs with their bias, exact GELU and residual a
 GEMM block per 30 s window (every window runs the same shapes); the convolutions carry their GELU in
 oneDNN's epilogue.  The attention core is torch's SDPA (no mask: its flash kernel, measured 2x faster
 than an in-place scores/softmax core at 1500 frames); an int8 layer's is the ``int8_attention`` kernel
-where oasr-kernels provides it (:attr:`WhisperEncoderLayer.int8_attention`).  Everywhere else the
-reference ops run.
+where oasr-kernels provides it (:attr:`WhisperEncoderLayer.int8_attention`).  On a CPU with AMX tiles an int8
+layer runs at bfloat16 instead (:attr:`WhisperEncoderLayer.int8_amx`).  Everywhere else the reference ops run.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from oasr.layers import (
     split_heads,
 )
 from oasr.layers._backend import kernel
-from oasr.layers.quant import int8_block, int8_linear_group
+from oasr.layers.quant import amx, bf16_linear, int8_block, int8_linear_group
 from oasr.models.base import BaseEncoder
 from oasr_models_hf.whisper.config import WhisperConfig
 
@@ -67,6 +67,14 @@ class WhisperEncoderLayer(nn.Module):
     #: faster per window, but another rounding order flips near-tie tokens: the int8 engine's agreement with fp32 on
     #: test_trained's clips 97.3 -> 95.2 % (the benchmark's 34 clips 97.8 -> 98.0 % or 96.0 % by run), so off
     int8_kernel_linears = False
+    #: where the CPU multiplies bfloat16 on AMX tiles (:func:`oasr.layers.quant.amx`), an int8 layer runs at
+    #: bfloat16 on oneDNN (:meth:`_forward_bf16`): every linear over its int8 weights dequantized (fc2 over its float
+    #: ones) and rounded to bfloat16, the attention core SDPA at bfloat16.  On one Sapphire Rapids core a tiny.en
+    #: window takes ~105 against ~295 ms on the int8 GEMMs and core, and its output is nearer float32's (rms change
+    #: 0.050 against 0.071 on a random window): bfloat16 keeps 8 significant bits of every value where int8's grid
+    #: spends 8 bits on a whole row (docs/benchmarks.md, session 15).  Without AMX bfloat16 is emulated and slow:
+    #: the int8 paths above run
+    int8_amx = True
 
     def __init__(self, d_model: int, heads: int, ffn_dim: int):
         super().__init__()
@@ -100,6 +108,8 @@ class WhisperEncoderLayer(nn.Module):
             normed, x = self.final_layer_norm.add_forward(attn, x)
             return x + self.fc2(self.fc1(normed))
         int8 = project is int8_linear_group
+        if int8 and self.int8_amx and amx():
+            return self._forward_bf16(x, block_rows)
         fused = int8 and self.int8_kernel_linears
 
         def qkv_rows(rows: torch.Tensor) -> torch.Tensor:
@@ -128,6 +138,25 @@ class WhisperEncoderLayer(nn.Module):
                 h = packed.linear(self.fc1, rows, self.fc1.activation)
             y = int8_block((self.fc2,), h, residual=res, planes=2) if int8 and self.int8_fc2 else None
             return packed.linear_add(self.fc2, h, res) if y is None else y
+
+        return packed.blocked(mlp, self.final_layer_norm(x), x, block_rows=block_rows)
+
+    def _forward_bf16(self, x: torch.Tensor, block_rows: int) -> torch.Tensor:
+        """The layer at bfloat16 (:attr:`int8_amx`): the norms and the residual stream stay float32, each linear
+        takes the normed rows rounded to bfloat16 (:func:`oasr.layers.quant.bf16_linear`: fc1's exact GELU in the
+        GEMM's epilogue, its bfloat16 output fc2's input as it is), and the residual adds are float32."""
+        sa = self.self_attn
+        group = tuple(getattr(sa, name) for name in sa.names[:3])
+        out_proj = getattr(sa, sa.names[3])
+        qkv = packed.blocked(lambda rows: bf16_linear(group, rows.to(torch.bfloat16)), self.self_attn_layer_norm(x),
+                             block_rows=block_rows)
+        q, k, v = (split_heads(t, sa.n_heads) for t in qkv.chunk(3, dim=-1))
+        out = merge_heads(F.scaled_dot_product_attention(q, k, v, scale=sa.core.scale))
+        x = packed.blocked(lambda res, rows: res + bf16_linear((out_proj,), rows), x, out, block_rows=block_rows)
+
+        def mlp(rows: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
+            h = bf16_linear((self.fc1,), rows.to(torch.bfloat16), self.fc1.activation)
+            return res + bf16_linear((self.fc2,), h)
 
         return packed.blocked(mlp, self.final_layer_norm(x), x, block_rows=block_rows)
 

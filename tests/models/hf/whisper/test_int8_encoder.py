@@ -16,6 +16,13 @@ from oasr_models_hf.whisper import encoder as whisper_encoder
 from tests.helpers import needs_vnni
 
 
+@pytest.fixture(autouse=True)
+def int8_paths(monkeypatch):
+    """The int8 paths these tests check, on every CPU: an AMX CPU's layers run at bfloat16 instead (``int8_amx``),
+    which the tests at the end of this module switch on themselves."""
+    monkeypatch.setattr(whisper_encoder.WhisperEncoderLayer, "int8_amx", False)
+
+
 def _rms(a: torch.Tensor) -> float:
     return float(a.pow(2).mean().sqrt())
 
@@ -198,3 +205,63 @@ def test_int8_attention_core_on_trained_tiny_en_speech(tiny_en, tiny_en_strategy
         off = model.encoder(mel)
     assert len(seen) == len(model.encoder.layers)
     assert 0 < _rms(on - off) < _rms(off - fp32)
+
+
+def _bf16_spy(monkeypatch) -> list:
+    """Switch the bfloat16 layers on as on an AMX CPU (emulated elsewhere: slower, the same numbers up to oneDNN's
+    summation order) and record the linears each bfloat16 GEMM ran."""
+    seen: list = []
+    real = whisper_encoder.bf16_linear
+
+    def spy(linears, x, activation="none"):
+        seen.append((tuple(linears), x.dtype, activation))
+        return real(linears, x, activation)
+
+    monkeypatch.setattr(whisper_encoder.WhisperEncoderLayer, "int8_amx", True)
+    monkeypatch.setattr(whisper_encoder, "amx", lambda: True)
+    monkeypatch.setattr(whisper_encoder, "bf16_linear", spy)
+    return seen
+
+
+def test_amx_layers_run_at_bfloat16_nearer_fp32_than_int8(tiny, int8_model, mel, calls, monkeypatch):
+    """With AMX an int8 layer runs every linear at bfloat16 (q/k/v as one GEMM, fc1 with its GELU, fc2 on fc1's
+    bfloat16 output) and no int8 GEMM; its output is nearer float32's than the int8 path's, and a window's numbers
+    do not depend on its batch mates.  Without AMX (``amx()`` False) the int8 path runs."""
+    encoder = int8_model.encoder
+    with torch.no_grad():
+        fp32 = tiny.model.encoder(mel)
+        int8 = encoder(mel)
+        assert calls["int8_group"]
+        calls["int8_group"].clear()
+        seen = _bf16_spy(monkeypatch)
+        bf16 = encoder(mel)
+        batch_calls = list(seen)
+        alone = encoder(mel[1:])
+    assert not calls["int8_group"] and not calls["int8_block"]
+    expected = []
+    for layer in encoder.layers:
+        sa = layer.self_attn
+        expected += [((sa.q_proj, sa.k_proj, sa.v_proj), torch.bfloat16, "none"), ((sa.out_proj,), torch.bfloat16,
+                     "none"), ((layer.fc1,), torch.bfloat16, "gelu"), ((layer.fc2,), torch.bfloat16, "none")]
+    assert set(batch_calls) == set(expected) and len(batch_calls) == len(mel) * len(expected)  # a block per window
+    assert bf16.dtype == torch.float32
+    noise = _rms(int8 - fp32)
+    assert 0 < _rms(bf16 - fp32) < noise
+    assert torch.allclose(bf16[1:], alone, rtol=0, atol=1e-5 * float(alone.abs().max()))
+
+
+def test_amx_layers_on_trained_tiny_en_speech(tiny_en, tiny_en_strategy, beckett, monkeypatch):
+    """On real speech through the trained tiny.en (int8 model): the bfloat16 layers change the encoder output less
+    than the int8 path does."""
+    loaded, _ = tiny_en
+    model = copy.deepcopy(loaded.model)
+    quantize_model_int8(model, model.quantization_layout())
+    with torch.no_grad():
+        wave = beckett if isinstance(beckett, torch.Tensor) else torch.as_tensor(beckett)
+        mel = tiny_en_strategy.log_mels([wave])[0][:, : model.config.input_frames].t()[None]
+        fp32 = loaded.model.encoder(mel)
+        int8 = model.encoder(mel)
+        seen = _bf16_spy(monkeypatch)
+        bf16 = model.encoder(mel)
+    assert len(seen) == 4 * len(model.encoder.layers) and all(dtype == torch.bfloat16 for _, dtype, _ in seen)
+    assert 0 < _rms(bf16 - fp32) < _rms(int8 - fp32)
