@@ -45,7 +45,7 @@ from oasr.layers import (
 from oasr.layers import rows as row_kernel
 from oasr.layers._backend import kernel
 from oasr.layers.derived import derived, row_major
-from oasr.layers.quant import int8_linear_group
+from oasr.layers.quant import amx, int8_linear_group
 from oasr.layers.rows import few_rows, row_linear, row_product
 from oasr.models.base import BaseAsrModel
 from oasr.models.specs import LoadReport, QuantLayout, SmoothGroup
@@ -162,6 +162,12 @@ class WhisperDecoder(nn.Module):
     #: it (an int8 copy of the table, fbgemm's pack, the bound terms) costs ~0.35 s on tiny.en, what ~100 screened
     #: tokens save, so a process that decodes one short clip never pays it; every later step is screened
     screen_after_steps = 128
+    #: an int8 vocabulary projection's one or two rows on the ``row_linear`` kernel (16-bit activations) rather than
+    #: fbgemm's one-row GEMM; None: by the CPU.  Which is faster on the 51,864 x 384 int8 table read in a decode loop
+    #: depends on the machine: the row kernel 0.93 against fbgemm's 1.50 ms on an AMD EPYC core (session 13), 1.57
+    #: against 0.92 ms on an Intel Sapphire Rapids core (AMX; session 15).  So without AMX the row kernel, with it
+    #: fbgemm.  Either way the top ``RESCORED_TOP`` logits are rescored exactly
+    int8_vocab_row_kernel: bool | None = None
 
     def __init__(self, config: WhisperConfig):
         super().__init__()
@@ -203,9 +209,12 @@ class WhisperDecoder(nn.Module):
                 # 2x MKL's on the 51,864 x 384 table at 16 rows (one AVX-512 thread)
                 return packed.blocked(lambda rows: packed.linear(self.proj_out, rows, min_rows=1), hidden, few=True)
             return self.proj_out(hidden)
-        # one or two rows: the row kernel (activations on a 16-bit grid, int16 x int8 products; 0.93 against fbgemm's
-        # 1.5 ms at one row on the 51,864 x 384 table read cold); more rows: fbgemm's dynamic int8 GEMM (faster there)
-        logits = row_linear(self.proj_out, hidden, max_rows=_ROW_INT8_VOCAB_MAX)
+        # one or two rows: the row kernel (activations on a 16-bit grid, int16 x int8 products) where it is the faster
+        # (``int8_vocab_row_kernel``); more rows, or with AMX: fbgemm's dynamic int8 GEMM
+        use_rows = self.int8_vocab_row_kernel
+        if use_rows is None:
+            use_rows = not amx()
+        logits = row_linear(self.proj_out, hidden, max_rows=_ROW_INT8_VOCAB_MAX if use_rows else 0)
         if not RESCORED_TOP or not self._tied_fp_table():
             return logits
         flat, rows = logits.reshape(-1, logits.shape[-1]), hidden.reshape(-1, hidden.shape[-1])

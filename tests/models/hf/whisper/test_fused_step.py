@@ -150,6 +150,7 @@ def test_int8_model_reads_its_marked_step_linears_at_bfloat16(tiny, enc, monkeyp
     model = copy.deepcopy(tiny.model)
     section = quantize_model_int8(model, model.quantization_layout())
     decoder = model.decoder
+    decoder.int8_vocab_row_kernel = True  # on every CPU (an AMX one takes fbgemm's one-row GEMM: the test below)
     marked = {lin for layer in decoder.layers for lin in decoder._step_linears(layer) if lin.read_bf16}
     cross = {lin for layer in decoder.layers for lin in (layer.encoder_attn.q_proj, layer.encoder_attn.out_proj)}
     assert len(marked) == 6 * len(decoder.layers) and not marked & cross
@@ -204,3 +205,29 @@ def test_pinned_weights_resolve_the_fused_arrays_once(tiny, enc, monkeypatch, fu
         _run(decoder, enc, 1)  # the block is over: resolved (checked) per step again
     assert len(resolved) == len(STEPS[0])
     assert fused_step_calls, "the fused kernel ran"
+
+
+@pytest.mark.parametrize("amx", [False, True], ids=["no AMX", "AMX"])
+def test_int8_vocabulary_one_row_kernel_by_cpu(tiny, enc, monkeypatch, row_kernel_calls, amx):
+    """``int8_vocab_row_kernel`` None: an int8 vocabulary's one-row projection takes the row kernel without AMX and
+    fbgemm's one-row GEMM with it; both are the int8 product within its activations' rounding, and the top logits
+    are rescored exactly either way (the greedy tokens are the same)."""
+    from oasr.layers.quant import quantize_model_int8
+    from oasr_models_hf.whisper import model as whisper_model
+
+    model = copy.deepcopy(tiny.model)
+    quantize_model_int8(model, model.quantization_layout())
+    decoder = model.decoder
+    assert decoder.int8_vocab_row_kernel is None
+    vocab_shape = (1, tuple(decoder.proj_out.weight.shape), True)
+    with torch.no_grad():
+        monkeypatch.setattr(whisper_model, "amx", lambda: amx)
+        chosen, _ = _run(decoder, enc, 1)
+        assert (vocab_shape in row_kernel_calls) is not amx
+        row_kernel_calls.clear()
+        decoder.int8_vocab_row_kernel = amx  # the other one
+        other, _ = _run(decoder, enc, 1)
+        assert (vocab_shape in row_kernel_calls) is amx
+    assert torch.equal(chosen.argmax(-1), other.argmax(-1))
+    # fbgemm's one-row grid is the row's own 8-bit one: the two differ by its rounding, a small part of the logits
+    assert 0 < (chosen - other).abs().max() <= 0.02 * chosen.abs().max()
