@@ -16,7 +16,8 @@ The layer (one row ``x`` of the residual stream; Whisper's decoder layer, pre-no
 
 Each row has its own cache position (rows of different lengths need no mask) and its own encoder entry (beam
 rows share their request's).  A linear's weight may be given as bfloat16 bits (uint16): it is read at half the
-bytes and widened exactly to float32 in the loop (:func:`layer_weights`; the int8 model's step linears).
+bytes and widened exactly to float32 in the loop (:func:`layer_weights`; the int8 model's step linears), and the
+cross-attention keys and values may be float16 (their bits as int16), widened the same way.
 fastmath's reassociation lets LLVM vectorize the dot products, so sums are ordered differently from torch's (a few
 ulps, as any other GEMM shape is); infinities and NaNs keep their meaning (no ``nnan`` / ``ninf``).
 """
@@ -48,6 +49,18 @@ def _bf16_to_float32(typingctx, bits):  # pragma: no cover - compiled
         return builder.bitcast(builder.shl(wide, ir.Constant(ir.IntType(32), 16)), ir.FloatType())
 
     return types.float32(types.uint16), codegen
+
+
+@intrinsic
+def _fp16_to_float32(typingctx, bits):  # pragma: no cover - compiled
+    """The float32 a float16 (its 16 bits as int16) holds (LLVM bitcast to half, fpext: exact; F16C's vcvtph2ps)."""
+    if bits != types.int16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(types.int16), codegen
 
 
 @intrinsic
@@ -88,10 +101,25 @@ def _weight(w, o, i):  # pragma: no cover - replaced by the overload below insid
 
 @overload(_weight, inline="always")
 def _weight_impl(w, o, i):
-    """``w[o, i]`` as float32: float32 weights as stored, uint16 ones as the bfloat16 they hold."""
+    """``w[o, i]`` as float32: float32 values as stored, uint16 ones as the bfloat16 and int16 ones as the float16
+    they hold."""
     if w.dtype == types.uint16:
         return lambda w, o, i: _bf16_to_float32(w[o, i])
+    if w.dtype == types.int16:
+        return lambda w, o, i: _fp16_to_float32(w[o, i])
     return lambda w, o, i: w[o, i]
+
+
+def _key(k, e, h, j, t):  # pragma: no cover - replaced by the overload below inside compiled code
+    raise NotImplementedError
+
+
+@overload(_key, inline="always")
+def _key_impl(k, e, h, j, t):
+    """``k[e, h, j, t]`` as float32 (a cross-attention key cache of float32, or of float16 bits as int16)."""
+    if k.dtype == types.int16:
+        return lambda k, e, h, j, t: _fp16_to_float32(k[e, h, j, t])
+    return lambda k, e, h, j, t: k[e, h, j, t]
 
 
 @numba.njit(**_OPTS)
@@ -151,7 +179,7 @@ def _attend_values(scores, n, values, acc, out):  # pragma: no cover - compiled
     for t in range(n):
         wt = scores[t]
         for j in range(dh):
-            acc[j] += wt * values[t, j]
+            acc[j] += wt * _weight(values, t, j)
     for j in range(dh):
         out[j] = acc[j] / total
 
@@ -201,13 +229,13 @@ def _layer(x, pos, entry, ln1_w, ln1_b, qkv_w, qkv_b, self_k, self_v, o_w, o_b, 
             while j + 4 <= dh:  # four key rows per pass over the scores: four streams, a quarter of the stores
                 q0, q1, q2, q3 = q[r, base + j], q[r, base + j + 1], q[r, base + j + 2], q[r, base + j + 3]
                 for t in range(frames):
-                    scores[t] += (q0 * cross_k[e, hd, j, t] + q1 * cross_k[e, hd, j + 1, t]
-                                  + q2 * cross_k[e, hd, j + 2, t] + q3 * cross_k[e, hd, j + 3, t])
+                    scores[t] += (q0 * _key(cross_k, e, hd, j, t) + q1 * _key(cross_k, e, hd, j + 1, t)
+                                  + q2 * _key(cross_k, e, hd, j + 2, t) + q3 * _key(cross_k, e, hd, j + 3, t))
                 j += 4
             while j < dh:
                 qj = q[r, base + j]
                 for t in range(frames):
-                    scores[t] += qj * cross_k[e, hd, j, t]
+                    scores[t] += qj * _key(cross_k, e, hd, j, t)
                 j += 1
             for t in range(frames):
                 scores[t] *= scale
@@ -236,10 +264,16 @@ def _layer_rows(x: torch.Tensor, positions: torch.Tensor, entries: torch.Tensor,
     ``positions`` (rows,) int64: each row's cache position (its key and value are written there, attention runs
     over 0..position); ``entries`` (rows,) int64: each row's encoder entry; ``weights``: the layer's arrays as
     :func:`layer_weights` returns them; ``self_k`` / ``self_v`` (rows, H, capacity, Dh), ``cross_k`` (N, H, Dh, S)
-    and ``cross_v`` (N, H, S, Dh): contiguous CPU float32 tensors."""
+    and ``cross_v`` (N, H, S, Dh): contiguous CPU float32 tensors, the cross-attention pair also float16 ones (read
+    at half the bytes, widened exactly; the products in float32)."""
     w = weights
-    _layer(x.numpy(), positions.numpy(), entries.numpy(), *w[:4], _np(self_k), _np(self_v), *w[4:10], _np(cross_k),
-           _np(cross_v), *w[10:])
+    _layer(x.numpy(), positions.numpy(), entries.numpy(), *w[:4], _np(self_k), _np(self_v), *w[4:10],
+           _cache(cross_k), _cache(cross_v), *w[10:])
+
+
+def _cache(t: torch.Tensor) -> np.ndarray:
+    """A cross-attention cache as the kernel reads it: float32 as it is, float16 as its bits (int16)."""
+    return t.view(torch.int16).numpy() if t.dtype == torch.float16 else t.numpy()
 
 
 def _bfloat16_bits(t: torch.Tensor) -> np.ndarray:

@@ -34,7 +34,7 @@ def _prompts(n: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _run(decoder, enc, n: int, *, beam: int = 1, merged: bool = False, after_prefill=None):
     """Logits of every step and the final state, prompts of different lengths (right-padded); ``beam``: each row
     repeated (rows sharing their encoder entry); ``merged``: the rows prefilled as two states then merged;
-    ``after_prefill()`` runs between the prefill and the steps."""
+    ``after_prefill(state)`` runs between the prefill and the steps."""
     tokens, lengths = _prompts(n)
     if merged:
         a, _ = decoder.prefill(enc[:1], tokens[:1, :lengths[0]])
@@ -45,7 +45,7 @@ def _run(decoder, enc, n: int, *, beam: int = 1, merged: bool = False, after_pre
     if beam > 1:
         state = decoder.select(state, torch.arange(n).repeat_interleave(beam))
     if after_prefill is not None:
-        after_prefill()
+        after_prefill(state)
     out = []
     for j in range(len(STEPS[0])):
         feed = torch.tensor([STEPS[r][j] for r in range(n)]).repeat_interleave(beam)
@@ -151,12 +151,13 @@ def test_int8_model_reads_its_marked_step_linears_at_bfloat16(tiny, enc, monkeyp
     section = quantize_model_int8(model, model.quantization_layout())
     decoder = model.decoder
     decoder.int8_vocab_row_kernel = True  # on every CPU (an AMX one takes fbgemm's one-row GEMM: the test below)
+    decoder.cross_kv_fp16 = False  # the cross-attention K/V read at float32 here (float16: the test below)
     marked = {lin for layer in decoder.layers for lin in decoder._step_linears(layer) if lin.read_bf16}
     cross = {lin for layer in decoder.layers for lin in (layer.encoder_attn.q_proj, layer.encoder_attn.out_proj)}
     assert len(marked) == 6 * len(decoder.layers) and not marked & cross
     assert len(section["read_bf16"]) == len(marked)
 
-    def round_marked() -> None:
+    def round_marked(state) -> None:
         for lin in marked:
             lin.weight.copy_(lin.weight.to(torch.bfloat16).float())
 
@@ -231,3 +232,84 @@ def test_int8_vocabulary_one_row_kernel_by_cpu(tiny, enc, monkeypatch, row_kerne
     assert torch.equal(chosen.argmax(-1), other.argmax(-1))
     # fbgemm's one-row grid is the row's own 8-bit one: the two differ by its rounding, a small part of the logits
     assert 0 < (chosen - other).abs().max() <= 0.02 * chosen.abs().max()
+
+
+@pytest.mark.parametrize("case", [dict(n=1), dict(n=2, beam=2), dict(n=2, merged=True)],
+                         ids=["one row", "beam rows", "merged states"])
+def test_int8_model_reads_cross_kv_at_float16(tiny, enc, monkeypatch, fused_step_calls, case):
+    """``cross_kv_fp16`` (on by default) in the int8 layout: the fused step reads the cross-attention keys and values
+    as float16 copies, made at the state's first fused step and carried through ``select`` and ``merge``.  Its
+    logits equal the float32 reads of the same keys and values rounded to float16, and not the unrounded ones as
+    closely."""
+    from oasr.layers.quant import quantize_model_int8
+
+    model = copy.deepcopy(tiny.model)
+    quantize_model_int8(model, model.quantization_layout())
+    decoder = model.decoder
+    assert decoder.cross_kv_fp16
+    # compared through the dequantized vocabulary at float32 (see the test above)
+    table = decoder.proj_out.weight.float() * decoder.proj_out.weight_scale[:, None]
+    monkeypatch.setattr(decoder, "logits", lambda hidden: F.linear(hidden, table))
+
+    def round_cross(state) -> None:
+        assert state.cross_k_read is None  # no fused step yet
+        for t in (*state.cross_k, *state.cross_v):
+            t.copy_(t.to(torch.float16).float())
+
+    with torch.no_grad():
+        half, state = _run(decoder, enc, **case)
+        steps = len(STEPS[0]) * len(decoder.layers)
+        assert fused_step_calls == [case["n"] * case.get("beam", 1)] * steps
+        read = (*state.cross_k_read, *state.cross_v_read)
+        assert [k.dtype for k in read] == [torch.float16] * 2 * len(decoder.layers)
+        assert [k.shape for k in read] == [k.shape for k in (*state.cross_k, *state.cross_v)]
+        decoder.cross_kv_fp16 = False
+        plain, plain_state = _run(decoder, enc, **case)
+        assert plain_state.cross_k_read is None
+        rounded, _ = _run(decoder, enc, **case, after_prefill=round_cross)
+    _close(half, rounded)
+    assert (half - rounded).abs().max() * 10 < (half - plain).abs().max()
+
+
+def test_select_and_merge_carry_the_float16_cross_kv(tiny, enc):
+    """A state's float16 cross-attention copies follow ``select`` (entries no row reads are dropped) and ``merge``
+    (concatenated when both states have them; otherwise made again at the next fused step)."""
+    from oasr.layers.quant import quantize_model_int8
+
+    model = copy.deepcopy(tiny.model)
+    quantize_model_int8(model, model.quantization_layout())
+    decoder = model.decoder
+    tokens, lengths = _prompts(3)
+
+    def copies_match(state) -> None:
+        pairs = zip((*state.cross_k, *state.cross_v), (*state.cross_k_read, *state.cross_v_read), strict=True)
+        assert all(torch.equal(h, f.to(torch.float16)) for f, h in pairs)
+
+    with torch.no_grad():
+        state, _ = decoder.prefill(enc[:3], tokens, lengths)
+        decoder.step(state, torch.tensor([7, 8, 9]))
+        copies_match(state)
+        kept = decoder.select(state, torch.tensor([2, 0]))
+        assert kept.cross_k_read[0].shape[0] == 2  # entry 1 dropped
+        copies_match(kept)
+        other, _ = decoder.prefill(enc[:1], tokens[:1, :lengths[0]])
+        assert decoder.merge(kept, other).cross_k_read is None  # ``other`` has none yet
+        decoder.step(other, torch.tensor([5]))
+        merged = decoder.merge(kept, other)
+        assert merged.cross_k_read[0].shape[0] == 3
+        copies_match(merged)
+
+
+def test_cross_kv_beyond_float16_keep_float32_reads(tiny, enc):
+    """A state whose cross-attention values overflow float16 keeps float32 reads (the copies are the float32 caches)."""
+    from oasr.layers.quant import quantize_model_int8
+
+    model = copy.deepcopy(tiny.model)
+    quantize_model_int8(model, model.quantization_layout())
+    decoder = model.decoder
+    with torch.no_grad():
+        state, _ = decoder.prefill(enc[:1], torch.tensor([PROMPTS[0]]))
+        state.cross_v[0][0, 0, 0, 0] = 1e6
+        decoder.step(state, torch.tensor([7]))
+    assert all(r is c for r, c in zip((*state.cross_k_read, *state.cross_v_read), (*state.cross_k, *state.cross_v),
+                                      strict=True))
