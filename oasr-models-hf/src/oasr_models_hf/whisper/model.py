@@ -121,6 +121,14 @@ class WhisperDecoderState:
         return int(self.self_k[0].shape[2])
 
 
+def _float16_range(t: torch.Tensor) -> bool:
+    """Whether every value of float32 ``t`` is finite in float16 (a nan is not).  One ``aminmax`` pass over the float32
+    values: ~0.2 ms a tiny.en cross-attention cache, where a float16 copy's ``isfinite`` takes ~2.2 ms on the CPU."""
+    lo, hi = t.aminmax()
+    limit = torch.finfo(torch.float16).max
+    return bool(lo >= -limit) and bool(hi <= limit)
+
+
 def _group_size(rows: torch.Tensor, entries: int) -> int | None:
     """``g`` if ``rows`` == arange(entries).repeat_interleave(g), else None."""
     b = int(rows.shape[0])
@@ -343,10 +351,10 @@ class WhisperDecoder(nn.Module):
         cross_k, cross_v = state.cross_k, state.cross_v
         if self.cross_kv_fp16 and self._reads_bf16():
             if state.cross_k_read is None:
-                halves = [t.to(torch.float16) for t in (*cross_k, *cross_v)]
-                if not all(h.isfinite().all() for h in halves):  # beyond float16's range: float32 reads
-                    halves = [*cross_k, *cross_v]
-                state.cross_k_read, state.cross_v_read = halves[:len(cross_k)], halves[len(cross_k):]
+                caches = (*cross_k, *cross_v)
+                if all(_float16_range(t) for t in caches):
+                    caches = tuple(t.to(torch.float16) for t in caches)
+                state.cross_k_read, state.cross_v_read = list(caches[:len(cross_k)]), list(caches[len(cross_k):])
             cross_k, cross_v = state.cross_k_read, state.cross_v_read
         for i, layer_weights in enumerate(weights):
             fn(rows, positions, entries, layer_weights, state.self_k[i], state.self_v[i], cross_k[i], cross_v[i])
