@@ -16,8 +16,8 @@ The layer (one row ``x`` of the residual stream; Whisper's decoder layer, pre-no
 
 Each row has its own cache position (rows of different lengths need no mask) and its own encoder entry (beam
 rows share their request's).  A linear's weight may be given as bfloat16 bits (uint16): it is read at half the
-bytes and widened exactly to float32 in the loop (:func:`layer_weights`; the int8 model's step linears), and the
-cross-attention keys and values may be float16 (their bits as int16), widened the same way.
+bytes and widened exactly to float32 in the loop (:func:`layer_weights`; the int8 model's step linears), or as
+float16 bits (int16), and the cross-attention keys and values may be float16 too, widened the same way.
 fastmath's reassociation lets LLVM vectorize the dot products, so sums are ordered differently from torch's (a few
 ulps, as any other GEMM shape is); infinities and NaNs keep their meaning (no ``nnan`` / ``ninf``).
 """
@@ -285,12 +285,17 @@ def layer_weights(ln1, qkv, out, ln2, cross_q, cross_out, ln3, fc1, fc2, eps, bf
     """The arrays :func:`decoder_layer_rows` takes for one layer: each layer norm and linear (the q/k/v stacked)
     as a (weight, bias) pair of float32 tensors (a missing bias as zeros), and the three norms' epsilons.
     ``bf16``: per linear (q/k/v, out, cross q, cross out, fc1, fc2), whether its weight is read as a bfloat16 copy
-    (half the bytes of a bandwidth-bound step; the products still accumulate in float32)."""
+    (True), a float16 one (``torch.float16``) or as it is (False): half the bytes of a bandwidth-bound step, the
+    products still accumulate in float32."""
     pairs = (ln1, qkv, out, ln2, cross_q, cross_out, ln3, fc1, fc2)
     halves = dict(zip((1, 2, 4, 5, 7, 8), bf16, strict=True))
     arrays = []
     for k, (weight, bias) in enumerate(pairs):
-        arrays.append(_bfloat16_bits(weight) if halves.get(k) else np.ascontiguousarray(_np(weight), dtype=np.float32))
+        half = halves.get(k)
+        if half is torch.float16:
+            arrays.append(weight.detach().to(torch.float16).contiguous().view(torch.int16).numpy())
+        else:
+            arrays.append(_bfloat16_bits(weight) if half else np.ascontiguousarray(_np(weight), dtype=np.float32))
         arrays.append(np.ascontiguousarray(_np(bias), dtype=np.float32))
     return (*arrays, np.asarray(eps, np.float32))
 

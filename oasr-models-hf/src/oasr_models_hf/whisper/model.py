@@ -107,7 +107,7 @@ class WhisperDecoderState:
     cross_rows: torch.Tensor
     cross_group: int | None
     uniform_length: int | None
-    #: what the fused one-row step reads for ``cross_k`` / ``cross_v`` (``WhisperDecoder.cross_kv_fp16``: float16
+    #: what the fused one-row step reads for ``cross_k`` / ``cross_v`` (``WhisperDecoder.cross_fp16``: float16
     #: copies), made at its first step and carried through ``select`` / ``merge``
     cross_k_read: list[torch.Tensor] | None = None
     cross_v_read: list[torch.Tensor] | None = None
@@ -181,13 +181,16 @@ class WhisperDecoder(nn.Module):
     #: against 0.92 ms on an Intel Sapphire Rapids core (AMX; session 15).  So without AMX the row kernel, with it
     #: fbgemm.  Either way the top ``RESCORED_TOP`` logits are rescored exactly
     int8_vocab_row_kernel: bool | None = None
-    #: a decoder whose fused one-row step reads step linears at bfloat16 (``read_bf16``: the int8 layout) reads the
-    #: cross-attention keys and values as float16 there (a copy per decoder state, made at its first fused step; a
-    #: state whose values overflow float16 keeps float32 reads): half of the 4.6 MB a tiny.en layer reads per token
-    #: from them.  One row, 100 greedy steps on an Intel Sapphire Rapids core (session 15): 5.25 against 5.68 ms a
-    #: token.  float16, not bfloat16: the same bytes and speed, but bfloat16 keys (8 significant bits against 11)
-    #: flipped a near-tie in test_trained's int8 agreement (96.8 against 97.3 %), float16 ones none.  False: float32
-    cross_kv_fp16 = True
+    #: a decoder whose fused one-row step reads step linears at bfloat16 (``read_bf16``: the int8 layout) reads its
+    #: cross-attention at float16 there: the keys and values (a copy per decoder state, made at its first fused step;
+    #: a state whose values overflow float16 keeps float32 reads), half of the 4.6 MB a tiny.en layer reads per token
+    #: from them, and the q/out weights that layout keeps float32 (1.2 MB a layer).  One row, 100 greedy steps on an
+    #: Intel Sapphire Rapids core (session 15): K/V 5.25 against 5.68 ms a token; the q/out weights too, 6.14 against
+    #: 6.94 and 7.29 against 8.28 ms in two runs against K/V alone, the same tokens.  float16, not bfloat16: the same
+    #: bytes and speed, but bfloat16 keys (8 significant bits against 11) flipped a near-tie in test_trained's int8
+    #: agreement (96.8 against 97.3 %), as bfloat16 q/out weights did on the long recording (session 9); float16 keeps
+    #: 97.3 %.  False: float32 reads
+    cross_fp16 = True
 
     def __init__(self, config: WhisperConfig):
         super().__init__()
@@ -335,8 +338,8 @@ class WhisperDecoder(nn.Module):
         (norms, linears, both attentions, GELU and the residual adds; ``x`` (B, 1, D) updated in place), where it
         applies: CPU float32 inference, float32 step linears, q/k/v small enough to stack, contiguous caches.
         A step linear marked ``read_bf16`` (the int8 model's, :meth:`WhisperModel.quantization_layout`) is read as a
-        bfloat16 copy there, and with :attr:`cross_kv_fp16` the cross-attention keys and values are read as float16,
-        so an int8 model's one-row step differs from its op-by-op step by those roundings.
+        bfloat16 copy there, and with :attr:`cross_fp16` the cross-attention (keys, values, q/out weights) is read at
+        float16, so an int8 model's one-row step differs from its op-by-op step by those roundings.
         False (nothing done) elsewhere: the op-by-op path runs."""
         fn = kernel("decoder_layer_rows") if few_rows(x) else None
         weights = None if fn is None else self._fused_weights(fn)
@@ -349,7 +352,7 @@ class WhisperDecoder(nn.Module):
         rows, entries = x.view(x.shape[0], x.shape[-1]), state.cross_rows.contiguous()
         positions = write_pos.contiguous()
         cross_k, cross_v = state.cross_k, state.cross_v
-        if self.cross_kv_fp16 and self._reads_bf16():
+        if self.cross_fp16 and self._reads_bf16():
             if state.cross_k_read is None:
                 caches = (*cross_k, *cross_v)
                 if all(_float16_range(t) for t in caches):
@@ -415,12 +418,15 @@ class WhisperDecoder(nn.Module):
                 norms, linears = self._norms(layer), self._step_linears(layer)
                 qkv = linears[:3]
                 halves = (all(p.read_bf16 for p in qkv), *(lin.read_bf16 for lin in linears[3:]))
+                if cross_fp16:  # the cross-attention q/out the layout keeps float32: float16 reads
+                    halves = (*halves[:2], *(h or torch.float16 for h in halves[2:4]), *halves[4:])
                 out.append(build(pair(norms[0]), self._stacked(layer.self_attn, qkv), pair(linears[3]), pair(norms[1]),
                                  pair(linears[4]), pair(linears[5]), pair(norms[2]), pair(layer.fc1), pair(layer.fc2),
                                  [n.eps for n in norms], halves))
             return out
 
-        return derived(self, "fused_step", sources, arrays, extra=tuple(flags), differentiable=False)
+        cross_fp16 = self.cross_fp16 and any(flags)
+        return derived(self, "fused_step", sources, arrays, extra=(*flags, cross_fp16), differentiable=False)
 
     @staticmethod
     def _norms(layer: WhisperDecoderLayer) -> tuple[LayerNorm, LayerNorm, LayerNorm]:

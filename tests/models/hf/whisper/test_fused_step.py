@@ -151,7 +151,7 @@ def test_int8_model_reads_its_marked_step_linears_at_bfloat16(tiny, enc, monkeyp
     section = quantize_model_int8(model, model.quantization_layout())
     decoder = model.decoder
     decoder.int8_vocab_row_kernel = True  # on every CPU (an AMX one takes fbgemm's one-row GEMM: the test below)
-    decoder.cross_kv_fp16 = False  # the cross-attention K/V read at float32 here (float16: the test below)
+    decoder.cross_fp16 = False  # the cross-attention read at float32 here (float16: the test below)
     marked = {lin for layer in decoder.layers for lin in decoder._step_linears(layer) if lin.read_bf16}
     cross = {lin for layer in decoder.layers for lin in (layer.encoder_attn.q_proj, layer.encoder_attn.out_proj)}
     assert len(marked) == 6 * len(decoder.layers) and not marked & cross
@@ -236,24 +236,26 @@ def test_int8_vocabulary_one_row_kernel_by_cpu(tiny, enc, monkeypatch, row_kerne
 
 @pytest.mark.parametrize("case", [dict(n=1), dict(n=2, beam=2), dict(n=2, merged=True)],
                          ids=["one row", "beam rows", "merged states"])
-def test_int8_model_reads_cross_kv_at_float16(tiny, enc, monkeypatch, fused_step_calls, case):
-    """``cross_kv_fp16`` (on by default) in the int8 layout: the fused step reads the cross-attention keys and values
-    as float16 copies, made at the state's first fused step and carried through ``select`` and ``merge``.  Its
-    logits equal the float32 reads of the same keys and values rounded to float16, and not the unrounded ones as
-    closely."""
+def test_int8_model_reads_the_cross_attention_at_float16(tiny, enc, monkeypatch, fused_step_calls, case):
+    """``cross_fp16`` (on by default) in the int8 layout: the fused step reads the cross-attention keys and values as
+    float16 copies, made at the state's first fused step and carried through ``select`` and ``merge``, and the
+    cross-attention q/out weights (float32 in the layout) as float16.  Its logits equal float32 reads of the same
+    keys, values and weights rounded to float16, and not the unrounded ones as closely."""
     from oasr.layers.quant import quantize_model_int8
 
     model = copy.deepcopy(tiny.model)
     quantize_model_int8(model, model.quantization_layout())
     decoder = model.decoder
-    assert decoder.cross_kv_fp16
+    assert decoder.cross_fp16
+    cross_linears = [lin for layer in decoder.layers for lin in (layer.encoder_attn.q_proj, layer.encoder_attn.out_proj)]
+    assert not any(lin.read_bf16 or lin._int8 is not None for lin in cross_linears)  # float32 in the layout
     # compared through the dequantized vocabulary at float32 (see the test above)
     table = decoder.proj_out.weight.float() * decoder.proj_out.weight_scale[:, None]
     monkeypatch.setattr(decoder, "logits", lambda hidden: F.linear(hidden, table))
 
     def round_cross(state) -> None:
         assert state.cross_k_read is None  # no fused step yet
-        for t in (*state.cross_k, *state.cross_v):
+        for t in (*state.cross_k, *state.cross_v, *(lin.weight for lin in cross_linears)):
             t.copy_(t.to(torch.float16).float())
 
     with torch.no_grad():
@@ -263,7 +265,7 @@ def test_int8_model_reads_cross_kv_at_float16(tiny, enc, monkeypatch, fused_step
         read = (*state.cross_k_read, *state.cross_v_read)
         assert [k.dtype for k in read] == [torch.float16] * 2 * len(decoder.layers)
         assert [k.shape for k in read] == [k.shape for k in (*state.cross_k, *state.cross_v)]
-        decoder.cross_kv_fp16 = False
+        decoder.cross_fp16 = False
         plain, plain_state = _run(decoder, enc, **case)
         assert plain_state.cross_k_read is None
         rounded, _ = _run(decoder, enc, **case, after_prefill=round_cross)
