@@ -49,6 +49,7 @@ from oasr.errors import CheckpointFormatError
 from oasr.layers._backend import kernel
 from oasr.layers.derived import derived, forget
 from oasr.layers.linear import Linear
+from oasr.layers.packed import _POST_OPS
 
 SCHEME = "int8_per_channel_dynamic"
 
@@ -249,11 +250,12 @@ def _bf16_weights(linears: tuple[Linear, ...]) -> tuple[torch.Tensor, torch.Tens
 def bf16_linear(linears, x: torch.Tensor, activation: str = "none") -> torch.Tensor:
     """``activation(cat([lin(x) for lin in linears], -1))`` at bfloat16 for a CPU bfloat16 ``x``: one oneDNN GEMM
     over the linears' weights rounded to bfloat16 (int8 ones dequantized first), float32 sums, the bias and
-    ``activation`` ("none" or "gelu", exact) in its epilogue, a bfloat16 result.  On an :func:`amx` CPU this is the
-    fast way through many rows; elsewhere bfloat16 is emulated and slow, so callers ask :func:`amx` first."""
+    ``activation`` (a name of the packed waist's oneDNN post-ops, e.g. "gelu", exact) in its epilogue, a bfloat16
+    result.  On an :func:`amx` CPU this is the fast way through many rows; elsewhere bfloat16 is emulated and slow,
+    so callers ask :func:`amx` first."""
     weight, bias = _bf16_weights(tuple(linears))
-    algorithm = {"none": "", "gelu": "none"}[activation]
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, activation, [], algorithm)
+    attr, algorithm = _POST_OPS[activation]
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, attr, [], algorithm)
 
 
 def _int8_storage(linear: Linear, weight: torch.Tensor | None) -> None:
