@@ -352,7 +352,7 @@ class WhisperDecoder(nn.Module):
         rows, entries = x.view(x.shape[0], x.shape[-1]), state.cross_rows.contiguous()
         positions = write_pos.contiguous()
         cross_k, cross_v = state.cross_k, state.cross_v
-        if self.cross_fp16 and self._reads_bf16():
+        if self._cross_fp16():
             if state.cross_k_read is None:
                 caches = (*cross_k, *cross_v)
                 if all(_float16_range(t) for t in caches):
@@ -363,9 +363,11 @@ class WhisperDecoder(nn.Module):
             fn(rows, positions, entries, layer_weights, state.self_k[i], state.self_v[i], cross_k[i], cross_v[i])
         return True
 
-    def _reads_bf16(self) -> bool:
-        """Whether a step linear is marked ``read_bf16`` (the int8 layout's decoder)."""
-        return any(getattr(lin, "read_bf16", False) for lin in self._step_linears(self.layers[0]))
+    def _cross_fp16(self) -> bool:
+        """Whether the fused step reads the cross-attention at float16: :attr:`cross_fp16` on, and a step linear
+        marked ``read_bf16`` (the int8 layout's decoder)."""
+        return self.cross_fp16 and any(getattr(lin, "read_bf16", False)
+                                       for layer in self.layers for lin in self._step_linears(layer))
 
     @contextlib.contextmanager
     def pinned_weights(self) -> Iterator[None]:
@@ -425,7 +427,7 @@ class WhisperDecoder(nn.Module):
                                  [n.eps for n in norms], halves))
             return out
 
-        cross_fp16 = self.cross_fp16 and any(flags)
+        cross_fp16 = self._cross_fp16()
         return derived(self, "fused_step", sources, arrays, extra=(*flags, cross_fp16), differentiable=False)
 
     @staticmethod
@@ -698,6 +700,10 @@ class WhisperDecoder(nn.Module):
         rows = torch.cat([a.cross_rows, b.cross_rows + a.cross_k[0].shape[0]])
         entries = a.cross_k[0].shape[0] + b.cross_k[0].shape[0]
         uniform = a.uniform_length if a.uniform_length is not None and a.uniform_length == b.uniform_length else None
+        read_k = read_v = None  # made again at the next fused step unless both states have them, of one dtype
+        if a.cross_k_read is not None and b.cross_k_read is not None and a.cross_k_read[0].dtype == b.cross_k_read[0].dtype:
+            read_k = [torch.cat([x, y]) for x, y in zip(a.cross_k_read, b.cross_k_read, strict=True)]
+            read_v = [torch.cat([x, y]) for x, y in zip(a.cross_v_read, b.cross_v_read, strict=True)]
         return WhisperDecoderState(
             self_k=[torch.cat([widen(x), widen(y)]) for x, y in zip(a.self_k, b.self_k, strict=False)],
             self_v=[torch.cat([widen(x), widen(y)]) for x, y in zip(a.self_v, b.self_v, strict=False)],
@@ -705,10 +711,7 @@ class WhisperDecoder(nn.Module):
             cross_k=[torch.cat([x, y]) for x, y in zip(a.cross_k, b.cross_k, strict=False)],
             cross_v=[torch.cat([x, y]) for x, y in zip(a.cross_v, b.cross_v, strict=False)],
             cross_rows=rows, cross_group=_group_size(rows, entries), uniform_length=uniform,
-            **({} if a.cross_k_read is None or b.cross_k_read is None
-               or a.cross_k_read[0].dtype != b.cross_k_read[0].dtype else dict(
-                cross_k_read=[torch.cat([x, y]) for x, y in zip(a.cross_k_read, b.cross_k_read, strict=True)],
-                cross_v_read=[torch.cat([x, y]) for x, y in zip(a.cross_v_read, b.cross_v_read, strict=True)])),
+            cross_k_read=read_k, cross_v_read=read_v,
         )
 
     # -- teacher-forced passes --------------------------------------------------------------------------
