@@ -273,12 +273,14 @@ def _layer_rows(x: torch.Tensor, positions: torch.Tensor, entries: torch.Tensor,
 
 def _cache(t: torch.Tensor) -> np.ndarray:
     """A cross-attention cache as the kernel reads it: float32 as it is, float16 as its bits (int16)."""
-    return t.view(torch.int16).numpy() if t.dtype == torch.float16 else t.numpy()
+    return _half_bits(t, torch.float16) if t.dtype == torch.float16 else t.numpy()
 
 
-def _bfloat16_bits(t: torch.Tensor) -> np.ndarray:
-    """``t`` rounded to bfloat16 (round to nearest even), its bits as a uint16 array."""
-    return t.detach().to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint16)
+def _half_bits(t: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+    """``t`` rounded to ``dtype`` (round to nearest even), its bits as the array the kernel widens: uint16 for
+    bfloat16, int16 for float16."""
+    bits = t.detach().to(dtype).contiguous().view(torch.int16).numpy()
+    return bits.view(np.uint16) if dtype == torch.bfloat16 else bits
 
 
 def layer_weights(ln1, qkv, out, ln2, cross_q, cross_out, ln3, fc1, fc2, eps, bf16=(False,) * 6) -> tuple:
@@ -292,10 +294,10 @@ def layer_weights(ln1, qkv, out, ln2, cross_q, cross_out, ln3, fc1, fc2, eps, bf
     arrays = []
     for k, (weight, bias) in enumerate(pairs):
         half = halves.get(k)
-        if half is torch.float16:
-            arrays.append(weight.detach().to(torch.float16).contiguous().view(torch.int16).numpy())
+        if half:
+            arrays.append(_half_bits(weight, torch.float16 if half is torch.float16 else torch.bfloat16))
         else:
-            arrays.append(_bfloat16_bits(weight) if half else np.ascontiguousarray(_np(weight), dtype=np.float32))
+            arrays.append(np.ascontiguousarray(_np(weight), dtype=np.float32))
         arrays.append(np.ascontiguousarray(_np(bias), dtype=np.float32))
     return (*arrays, np.asarray(eps, np.float32))
 
